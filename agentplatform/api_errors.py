@@ -1,0 +1,40 @@
+"""One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}."""
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class ApiError(exceptions.APIException):
+    """An error a service raises with a stable machine-readable code."""
+
+    def __init__(self, code: str, message: str, http_status: int = status.HTTP_400_BAD_REQUEST):
+        super().__init__(detail=message, code=code)
+        self.status_code = http_status
+        self.error_code = code
+
+
+def _code_for(exc: Exception) -> str:
+    if isinstance(exc, ApiError):
+        return exc.error_code
+    if isinstance(exc, Http404 | exceptions.NotFound):
+        return "not_found"
+    if isinstance(exc, exceptions.ValidationError):
+        return "invalid_request"
+    codes = getattr(exc, "get_codes", lambda: None)()
+    return codes if isinstance(codes, str) else getattr(exc, "default_code", "error")
+
+
+def exception_handler(exc, context):
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        body = {"code": "invalid_request", "message": "The request is invalid.",
+                "fields": response.data}
+    else:
+        detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
+        body = {"code": _code_for(exc), "message": str(detail) or str(exc)}
+    headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After")}
+    return Response({"error": body}, status=response.status_code, headers=headers)

@@ -1,0 +1,127 @@
+"""Settings: read from the environment (and an optional `.env`), with defaults that run locally.
+
+Every variable is listed in README.md ("Configuration").
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set (deploy/dev writes one into .env for local use)"
+        )
+    SECRET_KEY = "insecure-debug-only"
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+# -- tenancy: one PostgreSQL schema per tenant (django-tenants) ------------------------------
+SHARED_APPS = [
+    "tenants",  # before django_tenants so our create_tenant command is the one that runs
+    "django_tenants",
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+]
+TENANT_APPS = [
+    "django.contrib.contenttypes",
+    "runs",
+]
+INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
+
+TENANT_MODEL = "tenants.Tenant"
+TENANT_DOMAIN_MODEL = "tenants.Domain"
+PUBLIC_SCHEMA_NAME = "public"
+DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
+
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/agentplatform"
+    )
+}
+DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+MIDDLEWARE = [
+    "tenants.middleware.PublicSchemaMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "agentplatform.urls"
+WSGI_APPLICATION = "agentplatform.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / ".dev" / "static"
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest"],
+    "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
+
+# -- secrets at rest -------------------------------------------------------------------------
+# 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
+MASTER_KEY = env("AGENTPLATFORM_MASTER_KEY", default="")
+
+# -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="agentplatform")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# -- runs ------------------------------------------------------------------------------------
+RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
+RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
+RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
+AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,23 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from runs import api as runs_api
+
+api_v1 = [
+    path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+         name="schema"),
+    path("agents", runs_api.AgentList.as_view()),
+    path("runs", runs_api.RunListCreate.as_view()),
+    path("runs/<uuid:run_id>", runs_api.RunDetail.as_view()),
+    path("runs/<uuid:run_id>/cancel", runs_api.RunCancel.as_view()),
+    path("runs/<uuid:run_id>/fork", runs_api.RunFork.as_view()),
+    path("runs/<uuid:run_id>/events", runs_api.RunEvents.as_view()),
+    path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
+    path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+]

@@ -1,0 +1,151 @@
+"""Defining agents: a named, versioned set of steps, and the registry that holds them.
+
+    research = Agent("research", version=1, logs=["findings"])
+
+    @research.step(start=True, next=["investigate"])
+    def plan(ctx, state):
+        return goto("investigate", update={"iteration": 0})
+
+A step is a plain function `(ctx, state) -> transition`. Its declared `next` steps are part of
+the agent's topology; the topology hash pins a run to the code it started on.
+"""
+
+import hashlib
+import importlib
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .transitions import Transition
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a step that raises is tried, and how long to wait between tries."""
+
+    max_attempts: int = 3
+    initial_backoff: float = 0.2
+    multiplier: float = 2.0
+    max_backoff: float = 10.0
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        return min(self.initial_backoff * self.multiplier ** (attempt - 1), self.max_backoff)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    fn: Callable[..., Transition]
+    next: frozenset[str]
+    retry: RetryPolicy | None = None
+
+
+@dataclass
+class Agent:
+    name: str
+    version: int
+    logs: Iterable[str] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    description: str = ""
+    steps: dict[str, Step] = field(default_factory=dict, init=False)
+    start: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.logs = tuple(self.logs)
+        registry.register(self)
+
+    def step(self, *, next: Iterable[str] = (), start: bool = False,
+             retry: RetryPolicy | None = None, name: str | None = None):
+        """Register the decorated function as a step; `next` names the steps it may go to."""
+
+        def register(fn):
+            step_name = name or fn.__name__
+            if step_name in self.steps:
+                raise ValueError(f"agent {self.name} v{self.version} already has a step {step_name!r}")
+            self.steps[step_name] = Step(step_name, fn, frozenset(next), retry)
+            if start:
+                if self.start is not None:
+                    raise ValueError(f"agent {self.name} v{self.version} has two start steps")
+                self.start = step_name
+            return fn
+
+        return register
+
+    @property
+    def topology(self) -> dict:
+        return {
+            "agent": self.name,
+            "version": self.version,
+            "start": self.start,
+            "logs": sorted(self.logs),
+            "steps": {name: sorted(step.next) for name, step in sorted(self.steps.items())},
+        }
+
+    @property
+    def topology_hash(self) -> str:
+        canonical = json.dumps(self.topology, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def check(self) -> None:
+        """Refuse an agent whose steps point at steps that don't exist."""
+        if self.start is None:
+            raise ValueError(f"agent {self.name} v{self.version} has no start step")
+        for step in self.steps.values():
+            unknown = step.next - self.steps.keys()
+            if unknown:
+                raise ValueError(
+                    f"step {step.name!r} of {self.name} v{self.version} declares unknown "
+                    f"next steps {sorted(unknown)}"
+                )
+
+
+class UnknownAgent(LookupError):
+    pass
+
+
+class AgentRegistry:
+    """Every registered (agent, version). Old versions stay registered while their runs drain."""
+
+    def __init__(self):
+        self._agents: dict[tuple[str, int], Agent] = {}
+        self._loaded = False
+        self._lock = threading.Lock()
+
+    def register(self, agent: Agent) -> None:
+        self._agents[(agent.name, agent.version)] = agent
+
+    def unregister(self, name: str, version: int) -> None:
+        self._agents.pop((name, version), None)
+
+    def load(self) -> None:
+        """Import the modules named in settings.AGENT_MODULES (once per process)."""
+        with self._lock:
+            if self._loaded:
+                return
+            from django.conf import settings
+
+            for module in settings.AGENT_MODULES:
+                importlib.import_module(module)
+            self._loaded = True
+
+    def get(self, name: str, version: int | None = None) -> Agent:
+        self.load()
+        if version is None:
+            versions = [v for (n, v) in self._agents if n == name]
+            if not versions:
+                raise UnknownAgent(f"no agent named {name!r} is registered")
+            version = max(versions)
+        agent = self._agents.get((name, version))
+        if agent is None:
+            raise UnknownAgent(f"agent {name!r} version {version} is not registered")
+        agent.check()
+        return agent
+
+    def all(self) -> list[Agent]:
+        self.load()
+        return sorted(self._agents.values(), key=lambda a: (a.name, a.version))
+
+
+registry = AgentRegistry()

@@ -1,0 +1,455 @@
+"""The harness: claims a run, loads its checkpoint, runs steps, writes checkpoints.
+
+No HTTP and no Celery in here: the worker task, the tests and the benchmarks all call
+`advance()`. It runs in the tenant schema the caller selected.
+
+A run is claimed with a lease (owner, epoch, expiry) in one atomic UPDATE; every write made
+under the lease is fenced on the epoch, so a worker that lost its lease stops at its next write
+instead of overwriting its successor's work.
+"""
+
+import json
+import logging
+import os
+import socket
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .agents import Agent, Step, UnknownAgent, registry
+from .models import Checkpoint, LogEntry, Run, RunEvent
+from .state import LogView, State, StateTooLarge, state_merge
+from .transitions import Fail, FanOut, Finish, Goto, Sleep, Transition, WaitForApproval, \
+    WaitForEvent, targets
+
+log = logging.getLogger(__name__)
+
+
+CANCEL_POLL_SECONDS = 0.5
+
+
+class Outcome(str, Enum):
+    NOT_CLAIMED = "not_claimed"  # someone else holds the lease, or nothing to do
+    SLICE_USED = "slice_used"  # still runnable: enqueue again
+    PARKED = "parked"
+    ENDED = "ended"
+    LEASE_LOST = "lease_lost"
+
+
+class LeaseLost(Exception):
+    """The run's lease epoch moved on: another worker owns the run now."""
+
+
+class StepError(Exception):
+    """A step broke the rules of the engine; retrying cannot help."""
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Position:
+    """Where the run is: the checkpoint the engine will write next, kept in memory."""
+
+    visit: int
+    step: str | None
+    state: dict[str, Any]
+    offsets: dict[str, int]
+    pending_entries: list[LogEntry] = field(default_factory=list)
+    handed_over: bool = False  # given to the writer (committed, in flight, or held)
+
+
+def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -> int | None:
+    """Take the run's lease if it is runnable and nobody holds a live lease. Returns the epoch."""
+    ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Run._meta.db_table}
+               SET status = 'running', lease_owner = %s, lease_epoch = lease_epoch + 1,
+                   lease_expires_at = now() + %s, started_at = coalesce(started_at, now()),
+                   updated_at = now()
+             WHERE id = %s AND status IN ('queued', 'running')
+               AND (lease_expires_at IS NULL OR lease_expires_at < now())
+         RETURNING lease_epoch
+            """,
+            [owner, ttl, run_id],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+class CheckpointWriter:
+    """Writes checkpoints per the run's durability mode.
+
+    sync: committed before the next step starts. async: committed on a second connection
+    while the next step runs; `flush()` waits for it (before effects and before parking).
+    exit: kept in memory and written once, when the run leaves this worker.
+    """
+
+    def __init__(self, run: Run, epoch: int):
+        self.run, self.epoch = run, epoch
+        self.mode = run.durability
+        self._held: Position | None = None
+        self.cancel_requested = False
+        self._future: Future | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        if self.mode == Run.Durability.ASYNC:
+            schema = connection.schema_name
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, initializer=lambda: connection.set_schema(schema)
+            )
+
+    def write(self, position: Position) -> None:
+        position.handed_over = True
+        if self.mode == Run.Durability.SYNC:
+            self._commit(position)
+        elif self.mode == Run.Durability.ASYNC:
+            previous = self._future
+            self._future = self._executor.submit(self._commit_after, previous, position)
+        else:
+            if self._held is not None:
+                position.pending_entries[:0] = self._held.pending_entries
+            self._held = position
+
+    def flush(self) -> None:
+        """Make everything handed over so far durable."""
+        self._wait()
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._commit(held)
+
+    def unwritten_values(self, log_name: str) -> list[Any]:
+        """Values of log entries handed over but not yet in the database, in order."""
+        self._wait()
+        held = self._held.pending_entries if self._held is not None else []
+        return [entry.value for entry in held if entry.log == log_name]
+
+    def commit_final(self, position: Position, **run_fields) -> None:
+        """Write the checkpoint the run leaves this worker with, together with its run fields."""
+        self._wait()
+        if self._held is not None and self._held is not position:
+            position.pending_entries[:0] = self._held.pending_entries
+        if position.handed_over and self._held is None:  # already committed: fields only
+            self.cancel_requested |= run_fence(run=self.run, epoch=self.epoch,
+                                               visit=position.visit, **run_fields)
+        else:
+            self._commit(position, **run_fields)
+        self._held = None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            try:
+                self._executor.submit(lambda: connection.close()).result()
+            finally:
+                self._executor.shutdown(wait=True)
+
+    def _wait(self) -> None:
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()  # re-raises LeaseLost or a database error from the writer
+
+    def _commit_after(self, previous: Future | None, position: Position) -> None:
+        if previous is not None:
+            previous.result()
+        self._commit(position)
+
+    def _commit(self, position: Position, **run_fields) -> None:
+        self.cancel_requested |= checkpoint_commit(
+            run=self.run, epoch=self.epoch, position=position, **run_fields
+        )
+        position.pending_entries = []
+
+
+def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    """SET clause for the run row: counters, lease extension (unless released), `fields`."""
+    values = {"steps_taken": run.steps_taken, "active_seconds": run.active_seconds, **fields}
+    sql = ["updated_at = now()"]
+    params: list[Any] = []
+    if "lease_owner" not in fields:
+        sql.append("lease_expires_at = now() + %s")
+        params.append(timedelta(seconds=settings.RUN_LEASE_SECONDS))
+    for name, value in values.items():
+        column = Run._meta.get_field(name)
+        sql.append(f"{column.column} = %s")
+        params.append(column.get_db_prep_save(value, connection))
+    return ", ".join(sql), params
+
+
+def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields) -> bool:
+    """Write a checkpoint, its new log entries and the run's counters in one statement, fenced
+    on the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
+    Returns whether a cancel was requested."""
+    assignments, params = _run_assignments(run, run_fields)
+    entries = position.pending_entries
+    sql = f"""
+        WITH fence AS (
+            UPDATE {Run._meta.db_table} SET {assignments}
+             WHERE id = %s AND lease_epoch = %s
+         RETURNING id, cancel_requested
+        ), checkpoint AS (
+            INSERT INTO {Checkpoint._meta.db_table}
+                   (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
+                    created_at)
+            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, now() FROM fence
+        ), entries AS (
+            INSERT INTO {LogEntry._meta.db_table} (run_id, log, index, visit, value)
+            SELECT fence.id, e.log, e.index, %s, e.value::jsonb
+              FROM fence, unnest(%s::text[], %s::int[], %s::text[]) AS e(log, index, value)
+        )
+        SELECT cancel_requested FROM fence
+    """
+    params += [
+        run.id, epoch,
+        position.visit, position.step, json.dumps(position.state),
+        json.dumps(position.offsets), run.agent_version, run.topology_hash,
+        position.visit,
+        [e.log for e in entries], [e.index for e in entries],
+        [json.dumps(e.value) for e in entries],
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
+                        f"(checkpoint {position.visit} not written)")
+    return row[0]
+
+
+def run_fence(*, run: Run, epoch: int, visit: int | None = None, **fields) -> bool:
+    """Update the run's counters and `fields` only if our lease epoch still holds."""
+    assignments, params = _run_assignments(run, fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Run._meta.db_table} SET {assignments} WHERE id = %s AND lease_epoch = %s "
+            "RETURNING cancel_requested",
+            params + [run.id, epoch],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over (at visit {visit})")
+    return row[0]
+
+
+def event_record(*, run_id: UUID, kind: str, visit: int | None = None, **data) -> None:
+    RunEvent.objects.create(run_id=run_id, kind=kind, visit=visit, data=data)
+
+
+class StepContext:
+    """What a step sees besides its state: the run, its input, its logs, the visit."""
+
+    def __init__(self, *, run: Run, agent: Agent, visit: int, attempt: int,
+                 logs: dict[str, LogView], writer: CheckpointWriter):
+        self.run_id = run.id
+        self.input = run.input
+        self.agent = agent
+        self.visit = visit
+        self.attempt = attempt
+        self._logs = logs
+        self._writer = writer
+
+    def log(self, name: str) -> LogView:
+        return self._logs[name]
+
+    def barrier(self) -> None:
+        """Make every checkpoint so far durable; called before anything externally visible."""
+        self._writer.flush()
+
+
+class Harness:
+    """Runs one claimed run's steps until it parks, ends, or its time slice is used."""
+
+    def __init__(self, run: Run, agent: Agent, epoch: int, owner: str, slice_seconds: float,
+                 sleep=time.sleep):
+        self.run, self.agent, self.epoch, self.owner = run, agent, epoch, owner
+        self.slice_seconds = slice_seconds
+        self.sleep = sleep
+        self.writer = CheckpointWriter(run, epoch)
+        self.writer.cancel_requested = run.cancel_requested
+
+    def go(self) -> Outcome:
+        try:
+            return self._loop()
+        finally:
+            self.writer.close()
+
+    def _loop(self) -> Outcome:
+        run, agent = self.run, self.agent
+        position = self.position = position_load(run=run)
+        logs = {
+            name: LogView(run.id, name, lambda name=name: self.position.offsets.get(name, 0),
+                          self.writer.unwritten_values)
+            for name in agent.logs
+        }
+        slice_started = time.monotonic()
+        while True:
+            if self._cancel_requested():
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
+            if run.steps_taken >= run.max_steps:
+                return self._end(position, Run.Status.FAILED, event="limit_exceeded",
+                                 error=f"max_steps reached: {run.steps_taken} of {run.max_steps}")
+            if run.active_seconds >= run.max_wall_seconds:
+                return self._end(position, Run.Status.FAILED, event="limit_exceeded",
+                                 error=f"max wall time reached: {run.active_seconds:.1f}s of "
+                                       f"{run.max_wall_seconds:.1f}s")
+            step = agent.steps[position.step]
+            started = time.monotonic()
+            transition = self._step_run(step, position, logs)
+            run.active_seconds += time.monotonic() - started
+            if transition is None:  # retries exhausted; the error is in the events
+                return self._end(position, Run.Status.FAILED, error=self._last_error)
+            try:
+                position = self.position = self._apply(step, position, transition)
+            except StepError as exc:
+                event_record(run_id=run.id, kind="step_failed", visit=position.visit,
+                             step=step.name, error=str(exc), retryable=False)
+                return self._end(position, Run.Status.FAILED, error=str(exc))
+            run.steps_taken += 1
+            match transition:
+                case Finish(result=result):
+                    return self._end(position, Run.Status.SUCCEEDED, result=result)
+                case Fail(reason=reason):
+                    return self._end(position, Run.Status.FAILED, error=reason)
+                case Goto():
+                    self.writer.write(position)
+                case WaitForApproval() | WaitForEvent() | Sleep() | FanOut():
+                    return self._end(position, Run.Status.FAILED, error=(
+                        f"step {step.name!r} returned {type(transition).__name__}, which this "
+                        "platform version cannot execute yet"))
+            if time.monotonic() - slice_started >= self.slice_seconds:
+                self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
+                                         lease_expires_at=None)
+                return Outcome.SLICE_USED
+
+    _last_error = ""
+
+    def _step_run(self, step: Step, position: Position, logs) -> Transition | None:
+        policy = step.retry or self.agent.retry
+        for attempt in range(1, policy.max_attempts + 1):
+            ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
+                              attempt=attempt, logs=logs, writer=self.writer)
+            try:
+                transition = step.fn(ctx, State(position.state, logs))
+                if not isinstance(transition, Transition):
+                    raise StepError(f"step {step.name!r} returned {transition!r}, not a transition")
+                return transition
+            except (StepError, LeaseLost):
+                raise
+            except Exception as exc:  # a step's own failure: retry per policy
+                self._last_error = f"step {step.name!r} raised {type(exc).__name__}: {exc}"
+                will_retry = attempt < policy.max_attempts
+                event_record(
+                    run_id=self.run.id, kind="step_error", visit=position.visit, step=step.name,
+                    attempt=attempt, will_retry=will_retry, error=self._last_error,
+                    traceback=traceback.format_exc(limit=20)[-4000:],
+                )
+                if will_retry:
+                    self.sleep(policy.backoff(attempt))
+        return None
+
+    def _apply(self, step: Step, position: Position, transition: Transition) -> Position:
+        undeclared = targets(transition) - step.next
+        if undeclared:
+            raise StepError(
+                f"step {step.name!r} went to {sorted(undeclared)}, which it does not declare "
+                f"in next={sorted(step.next)}"
+            )
+        try:
+            state = state_merge(position.state, transition.update)
+        except StateTooLarge as exc:
+            raise StepError(str(exc)) from None
+        offsets = dict(position.offsets)
+        entries = []
+        for name, values in transition.append.items():
+            if name not in self.agent.logs:
+                raise StepError(f"step {step.name!r} appended to undeclared log {name!r}")
+            for value in values:
+                entries.append(LogEntry(run_id=self.run.id, log=name, index=offsets.get(name, 0),
+                                        visit=position.visit + 1, value=value))
+                offsets[name] = offsets.get(name, 0) + 1
+        next_step = getattr(transition, "step", None) or getattr(transition, "then", None)
+        if isinstance(transition, Finish | Fail):
+            next_step = None
+        return Position(visit=position.visit + 1, step=next_step, state=state, offsets=offsets,
+                        pending_entries=entries)
+
+    def _cancel_requested(self) -> bool:
+        """Seen on every checkpoint write; exit mode, which writes none, asks now and then."""
+        if self.writer.cancel_requested:
+            return True
+        if self.run.durability == Run.Durability.EXIT and time.monotonic() > self._next_cancel_poll:
+            self._next_cancel_poll = time.monotonic() + CANCEL_POLL_SECONDS
+            return Run.objects.filter(id=self.run.id, cancel_requested=True).exists()
+        return False
+
+    _next_cancel_poll = 0.0
+
+    def _end(self, position: Position, status: str, *, event: str | None = None,
+             error: str = "", result: Any = None) -> Outcome:
+        run = self.run
+        kind = event or {"succeeded": "run_succeeded", "failed": "run_failed"}.get(status, status)
+        with transaction.atomic():
+            self.writer.commit_final(
+                position, status=status, result=result, error=error, lease_owner="",
+                lease_expires_at=None, finished_at=timezone.now(),
+            )
+            event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
+                         result=result, steps_taken=run.steps_taken)
+        return Outcome.ENDED
+
+
+def position_load(*, run: Run) -> Position:
+    """The run's latest checkpoint (run_start writes visit 0)."""
+    checkpoint = run.checkpoints.order_by("-visit").first()
+    if checkpoint is None:
+        raise StepError(f"run {run.id} has no checkpoint to resume from")
+    return Position(visit=checkpoint.visit, step=checkpoint.step, state=checkpoint.state,
+                    offsets=dict(checkpoint.log_offsets), handed_over=True)
+
+
+def run_park_refused(*, run: Run, epoch: int, reason: str) -> Outcome:
+    """Leave a run parked (waiting) with the reason it cannot run on this code."""
+    with transaction.atomic():
+        run_fence(run=run, epoch=epoch, status=Run.Status.WAITING, waiting_reason=reason,
+                  lease_owner="", lease_expires_at=None)
+        event_record(run_id=run.id, kind="resume_refused", reason=reason)
+    log.warning("run %s parked: %s", run.id, reason)
+    return Outcome.PARKED
+
+
+def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | None = None,
+            sleep=time.sleep) -> Outcome:
+    """Claim the run and run its steps until it parks, ends or uses its slice."""
+    owner = owner or worker_id()
+    epoch = run_claim(run_id=run_id, owner=owner)
+    if epoch is None:
+        return Outcome.NOT_CLAIMED
+    run = Run.objects.get(id=run_id)
+    try:
+        agent = registry.get(run.agent, run.agent_version)
+    except UnknownAgent as exc:
+        return run_park_refused(run=run, epoch=epoch, reason=f"{exc}; deploy it or migrate the run")
+    if agent.topology_hash != run.topology_hash:
+        return run_park_refused(run=run, epoch=epoch, reason=(
+            f"agent {agent.name!r} v{agent.version} changed its steps since this run started "
+            f"(topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]}); register the "
+            "new steps as a new version and keep this one until its runs drain"))
+    harness = Harness(run, agent, epoch, owner,
+                      slice_seconds if slice_seconds is not None else settings.RUN_SLICE_SECONDS,
+                      sleep=sleep)
+    try:
+        return harness.go()
+    except LeaseLost as exc:
+        log.warning("stopping: %s", exc)
+        return Outcome.LEASE_LOST
+

@@ -1,0 +1,116 @@
+"""Runs and their records (tenant schema): the run, its session log, checkpoints, log entries.
+
+RunEvent and LogEntry are append-only: a trigger refuses UPDATE and DELETE unless the
+transaction set `agentplatform.allow_prune = 'on'` (only the retention job does).
+"""
+
+import uuid
+
+from django.db import models
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        WAITING = "waiting"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    class Durability(models.TextChoices):
+        SYNC = "sync"
+        ASYNC = "async"
+        EXIT = "exit"
+
+    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=100)
+    agent_version = models.PositiveIntegerField()
+    topology_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    durability = models.CharField(max_length=8, choices=Durability.choices, default=Durability.SYNC)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    input = models.JSONField(default=dict)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    waiting_reason = models.TextField(blank=True, default="")
+
+    max_steps = models.PositiveIntegerField(default=1000)
+    max_wall_seconds = models.FloatField(default=3600.0)
+    steps_taken = models.PositiveIntegerField(default=0)
+    active_seconds = models.FloatField(default=0.0)
+    cancel_requested = models.BooleanField(default=False)
+
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="forks")
+    forked_from_visit = models.PositiveIntegerField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "created_at"]),
+            models.Index(fields=["agent", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} v{self.agent_version} {self.id}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+
+class RunEvent(models.Model):
+    """The session log: what happened, one row per event, never updated."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    visit = models.PositiveIntegerField(null=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"])]
+
+
+class Checkpoint(models.Model):
+    """Where a run is after `visit` completed steps: next step, small state, log offsets."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    visit = models.PositiveIntegerField()
+    step = models.CharField(max_length=100, null=True)  # next step to run; null when ended
+    state = models.JSONField(default=dict)
+    log_offsets = models.JSONField(default=dict)
+    agent_version = models.PositiveIntegerField()
+    topology_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "visit"], name="checkpoint_run_visit_unique")
+        ]
+
+
+class LogEntry(models.Model):
+    """One entry of a run's append-only log, stored once; checkpoints hold only offsets."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log_entries")
+    log = models.CharField(max_length=64)
+    index = models.PositiveIntegerField()
+    visit = models.PositiveIntegerField()
+    value = models.JSONField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "log", "index"], name="log_entry_unique")
+        ]

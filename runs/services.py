@@ -1,0 +1,169 @@
+"""Run verbs: start, cancel, fork, and reading the state at a checkpoint (time travel)."""
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .agents import UnknownAgent, registry
+from .engine import event_record
+from .models import Checkpoint, LogEntry, Run
+from .state import StateTooLarge, state_merge
+
+
+class RunError(Exception):
+    """A run operation that cannot be done; `code` is stable, `message` is for a person."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class Started:
+    run: Run
+    created: bool
+
+
+def run_enqueue(run_id: UUID) -> None:
+    """Ring the doorbell after commit: a worker will claim the run (Postgres stays the truth)."""
+    from .tasks import advance
+
+    transaction.on_commit(lambda: advance.delay(str(run_id)))
+
+
+def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
+              durability: str = Run.Durability.SYNC, max_steps: int | None = None,
+              max_wall_seconds: float | None = None, idempotency_key: str | None = None,
+              enqueue: bool = True) -> Started:
+    """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
+
+    A reused idempotency key returns the run it created, if the request was the same.
+    """
+    input = input or {}
+    if not isinstance(input, dict):
+        raise RunError("invalid_input", "input must be a JSON object")
+    if idempotency_key:
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return Started(_same_request(existing, agent, version, input), created=False)
+    try:
+        definition = registry.get(agent, version)
+    except UnknownAgent as exc:
+        raise RunError("unknown_agent", str(exc)) from None
+    if durability not in Run.Durability.values:
+        raise RunError("invalid_durability", f"durability must be one of {Run.Durability.values}")
+    try:
+        state = state_merge({}, input)
+    except StateTooLarge as exc:
+        raise RunError("state_too_large", str(exc)) from None
+    limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds}
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                agent=definition.name, agent_version=definition.version,
+                topology_hash=definition.topology_hash, durability=durability, input=input,
+                idempotency_key=idempotency_key or None,
+                **{k: v for k, v in limits.items() if v is not None},
+            )
+            Checkpoint.objects.create(
+                run=run, visit=0, step=definition.start, state=state, log_offsets={},
+                agent_version=run.agent_version, topology_hash=run.topology_hash,
+            )
+            event_record(run_id=run.id, kind="run_created", visit=0, agent=run.agent,
+                         version=run.agent_version, durability=durability)
+            if enqueue:
+                run_enqueue(run.id)
+    except IntegrityError:
+        # Two requests raced on one idempotency key: the first one's run is the answer.
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return Started(_same_request(existing, agent, version, input), created=False)
+    return Started(run, created=True)
+
+
+def _same_request(run: Run, agent: str, version: int | None, input: dict) -> Run:
+    if run.agent != agent or run.input != input or version not in (None, run.agent_version):
+        raise RunError(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for a different request; use a new key",
+        )
+    return run
+
+
+def run_cancel(*, run_id: UUID) -> Run:
+    """Cancel now if no worker runs it; otherwise at the running step's end."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(id=run_id).first()
+        if run is None:
+            raise RunError("not_found", "no such run")
+        if run.is_finished:
+            raise RunError("run_finished", f"run is already {run.status}")
+        if run.status == Run.Status.RUNNING:
+            Run.objects.filter(id=run.id).update(cancel_requested=True)
+            event_record(run_id=run.id, kind="cancel_requested")
+        else:
+            Run.objects.filter(id=run.id).update(
+                status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
+                lease_owner="", lease_expires_at=None,
+            )
+            event_record(run_id=run.id, kind="run_cancelled")
+    run.refresh_from_db()
+    return run
+
+
+def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
+    """Time travel: the run's step, small state and log prefixes as of checkpoint `visit`."""
+    checkpoint = Checkpoint.objects.filter(run_id=run_id, visit=visit).first()
+    if checkpoint is None:
+        raise RunError("not_found", f"run has no checkpoint at visit {visit}")
+    logs: dict[str, list] = {name: [] for name in checkpoint.log_offsets}
+    for name, offset in checkpoint.log_offsets.items():
+        logs[name] = list(
+            LogEntry.objects.filter(run_id=run_id, log=name, index__lt=offset)
+            .order_by("index").values_list("value", flat=True)
+        )
+    return {"visit": checkpoint.visit, "step": checkpoint.step, "state": checkpoint.state,
+            "logs": logs, "agent_version": checkpoint.agent_version,
+            "created_at": checkpoint.created_at}
+
+
+def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
+             enqueue: bool = True) -> Run:
+    """A new run that starts from checkpoint `visit` of a finished run, which stays untouched."""
+    source = Run.objects.filter(id=run_id).first()
+    if source is None:
+        raise RunError("not_found", "no such run")
+    if not source.is_finished:
+        raise RunError("run_not_finished", f"only finished runs can be forked; this one is {source.status}")
+    checkpoint = Checkpoint.objects.filter(run_id=run_id, visit=visit).first()
+    if checkpoint is None:
+        raise RunError("not_found", f"run has no checkpoint at visit {visit}")
+    if checkpoint.step is None:
+        raise RunError("checkpoint_ended", "this checkpoint is the run's end; there is nothing to run")
+    with transaction.atomic():
+        fork = Run.objects.create(
+            agent=source.agent, agent_version=source.agent_version,
+            topology_hash=source.topology_hash, durability=durability or source.durability,
+            input=source.input, max_steps=source.max_steps,
+            max_wall_seconds=source.max_wall_seconds, steps_taken=visit,
+            forked_from=source, forked_from_visit=visit,
+        )
+        Checkpoint.objects.create(
+            run=fork, visit=visit, step=checkpoint.step, state=checkpoint.state,
+            log_offsets=checkpoint.log_offsets, agent_version=checkpoint.agent_version,
+            topology_hash=checkpoint.topology_hash,
+        )
+        for name, offset in checkpoint.log_offsets.items():
+            entries = LogEntry.objects.filter(run_id=run_id, log=name, index__lt=offset)
+            LogEntry.objects.bulk_create(
+                LogEntry(run=fork, log=name, index=e.index, visit=e.visit, value=e.value)
+                for e in entries.iterator()
+            )
+        event_record(run_id=fork.id, kind="run_forked", visit=visit, source=str(source.id))
+        if enqueue:
+            run_enqueue(fork.id)
+    return fork

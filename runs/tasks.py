@@ -1,0 +1,40 @@
+"""Celery tasks: load ids, call the engine. The tenant comes from the task's schema header."""
+
+from uuid import UUID
+
+from celery import shared_task
+from django.db import connection
+from django_tenants.utils import get_public_schema_name
+
+from . import engine
+
+
+class TenantRequired(RuntimeError):
+    pass
+
+
+def tenant_schema() -> str:
+    """The schema this task runs in; refuse the public schema rather than guess a tenant."""
+    schema = connection.schema_name
+    if schema == get_public_schema_name():
+        raise TenantRequired("this task needs a tenant schema header (_schema_name)")
+    return schema
+
+
+@shared_task(name="runs.advance", acks_late=True)
+def advance(run_id: str) -> str:
+    tenant_schema()
+    outcome = engine.advance(run_id=UUID(run_id))
+    if outcome == engine.Outcome.SLICE_USED:
+        advance.delay(run_id)  # fairness: back of the queue; the header keeps the tenant
+    return outcome.value
+
+
+@shared_task(name="runs.run_status")
+def run_status(run_id: str) -> dict:
+    """The status of a run in the task's tenant, or not_found: used by operators' probes."""
+    from .models import Run
+
+    schema = tenant_schema()
+    run = Run.objects.filter(id=UUID(run_id)).values("status", "steps_taken").first()
+    return {"schema": schema, "found": run is not None, **(run or {})}

@@ -1,0 +1,56 @@
+"""Founders' console (public schema): tenants with status and key counts, suspend/reactivate."""
+
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+
+from . import services
+from .models import ApiKey, Tenant
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    fields = ("name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False  # keys are made by `create_api_key`, which shows the plaintext once
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("schema_name", "name", "status", "active_keys", "created_at")
+    list_filter = ("status",)
+    search_fields = ("schema_name", "name")
+    readonly_fields = ("schema_name", "created_at", "provisioned_at")
+    fields = ("schema_name", "name", "status", "created_at", "provisioned_at")
+    inlines = [ApiKeyInline]
+    actions = ["suspend", "reactivate"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            key_count=Count("api_keys", filter=Q(api_keys__revoked_at=None))
+        )
+
+    @admin.display(description="active API keys", ordering="key_count")
+    def active_keys(self, obj):
+        return obj.key_count
+
+    def has_add_permission(self, request):
+        return False  # provisioning migrates a schema: `manage.py create_tenant`
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # deletion drops a schema: `manage.py delete_tenant`, explicitly
+
+    @admin.action(description="Suspend selected tenants (API access stops)")
+    def suspend(self, request, queryset):
+        for tenant in queryset:
+            services.tenant_suspend(tenant=tenant)
+        messages.success(request, f"Suspended {queryset.count()} tenant(s).")
+
+    @admin.action(description="Reactivate selected tenants")
+    def reactivate(self, request, queryset):
+        for tenant in queryset:
+            services.tenant_reactivate(tenant=tenant)
+        messages.success(request, f"Reactivated {queryset.count()} tenant(s).")

@@ -1,0 +1,21 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from tenants.models import Tenant
+from tenants.services import tenant_delete
+
+
+class Command(BaseCommand):
+    help = "Delete a tenant and drop its schema. Irreversible; needs --yes."
+
+    def add_arguments(self, parser):
+        parser.add_argument("schema_name")
+        parser.add_argument("--yes", action="store_true", help="confirm the deletion")
+
+    def handle(self, schema_name, yes, **options):
+        tenant = Tenant.objects.filter(schema_name=schema_name).first()
+        if tenant is None:
+            raise CommandError(f"no tenant {schema_name}")
+        if not yes:
+            raise CommandError(f"this drops schema {schema_name} and all its data; add --yes")
+        tenant_delete(tenant=tenant)
+        self.stdout.write(self.style.SUCCESS(f"deleted tenant {schema_name}"))

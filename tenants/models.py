@@ -1,0 +1,60 @@
+"""Tenants and what lives beside them in the public schema: API keys and wrapped data keys."""
+
+from django.db import models
+from django_tenants.models import DomainMixin, TenantMixin
+
+
+class Tenant(TenantMixin):
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        SUSPENDED = "suspended"
+
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    provisioned_at = models.DateTimeField(null=True, blank=True)  # schema created and migrated
+    # Schemas are created explicitly by tenant_create (it also migrates them).
+    auto_create_schema = False
+    auto_drop_schema = True
+
+    def __str__(self) -> str:
+        return self.schema_name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+
+class Domain(DomainMixin):
+    """Required by django-tenants; tenants are chosen by API key, so only public has one."""
+
+
+class ApiKey(models.Model):
+    """An API key: `ap_<prefix>_<secret>`. Only the SHA-256 of the whole key is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, default="default")
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"ap_{self.prefix}_… ({self.name})"
+
+
+class TenantKey(models.Model):
+    """A tenant's data-encryption key, AES-key-wrapped by the master key; one row per version."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="data_keys")
+    version = models.PositiveIntegerField()
+    wrapped_key = models.BinaryField()
+    master_key_id = models.CharField(max_length=16)
+    created_at = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "version"], name="tenant_key_version_unique")
+        ]

@@ -1,0 +1,149 @@
+"""Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys."""
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+from django_tenants.utils import get_public_schema_name, schema_exists
+
+from . import keys
+from .models import ApiKey, Tenant, TenantKey
+
+SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+RESERVED_SCHEMAS = {"public", "information_schema"}
+API_KEY = re.compile(r"^ap_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class TenantError(Exception):
+    """A tenant operation that cannot be done, with a message meant for a person."""
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    tenant: Tenant
+    created: bool
+    api_key: str | None  # the plaintext, only when just created: shown once
+
+
+def schema_name_check(name: str) -> None:
+    if not SCHEMA_NAME.match(name) or name in RESERVED_SCHEMAS or name.startswith("pg_"):
+        raise TenantError(
+            f"{name!r} is not a valid tenant name: use 1-40 lowercase letters, digits or "
+            "underscores, starting with a letter (not 'public' and not starting with 'pg_')"
+        )
+
+
+def tenant_create(*, schema_name: str, name: str = "") -> Provisioned:
+    """Create the schema, migrate it, make a data key and a first API key. Idempotent."""
+    schema_name_check(schema_name)
+    existing = Tenant.objects.filter(schema_name=schema_name).first()
+    if existing is not None and existing.provisioned_at is not None:
+        return Provisioned(tenant=existing, created=False, api_key=None)
+    with transaction.atomic():
+        tenant = existing or Tenant.objects.create(schema_name=schema_name, name=name or schema_name)
+        if not tenant.data_keys.exists():
+            data_key_create(tenant=tenant)
+        plaintext = None if tenant.api_keys.exists() else api_key_create(tenant=tenant)[1]
+    # A schema left half-migrated by an earlier crash is dropped and made again.
+    tenant._drop_schema(force_drop=True)
+    tenant.create_schema(verbosity=0)
+    Tenant.objects.filter(pk=tenant.pk).update(provisioned_at=timezone.now())
+    if plaintext is None:  # the first key was made by the crashed attempt and never shown
+        ApiKey.objects.filter(tenant=tenant).update(revoked_at=timezone.now())
+        plaintext = api_key_create(tenant=tenant)[1]
+    tenant.refresh_from_db()
+    return Provisioned(tenant=tenant, created=True, api_key=plaintext)
+
+
+def tenant_suspend(*, tenant: Tenant) -> None:
+    Tenant.objects.filter(pk=tenant.pk).update(status=Tenant.Status.SUSPENDED)
+    tenant.status = Tenant.Status.SUSPENDED
+
+
+def tenant_reactivate(*, tenant: Tenant) -> None:
+    Tenant.objects.filter(pk=tenant.pk).update(status=Tenant.Status.ACTIVE)
+    tenant.status = Tenant.Status.ACTIVE
+
+
+def tenant_delete(*, tenant: Tenant) -> None:
+    """Drop the tenant's schema and every public row that belongs to it. Irreversible."""
+    if tenant.schema_name == get_public_schema_name():
+        raise TenantError("the public schema is not a tenant")
+    connection.set_schema_to_public()
+    tenant.delete(force_drop=True)  # cascades to API keys, data keys and domains
+
+
+def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:
+    """Return the new key row and its plaintext, which is never stored and shown only once."""
+    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
+    plaintext = f"ap_{prefix}_{secrets.token_urlsafe(32)}"
+    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=_digest(plaintext))
+    return key, plaintext
+
+
+def api_key_revoke(*, key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=timezone.now())
+
+
+class ApiKeyRejected(Exception):
+    def __init__(self, code: str, message: str, http_status: int):
+        super().__init__(message)
+        self.code, self.message, self.http_status = code, message, http_status
+
+
+def api_key_authenticate(*, presented: str) -> ApiKey:
+    """Find the tenant a presented key belongs to, or raise `ApiKeyRejected`."""
+    match = API_KEY.match(presented)
+    if not match:
+        raise ApiKeyRejected("invalid_api_key", "The API key is malformed.", 401)
+    key = ApiKey.objects.select_related("tenant").filter(prefix=match.group(1)).first()
+    # Compare digests in constant time; an unknown prefix still pays for one comparison.
+    expected = key.key_hash if key else "0" * 64
+    if not hmac.compare_digest(expected, _digest(presented)) or key is None:
+        raise ApiKeyRejected("invalid_api_key", "The API key is not valid.", 401)
+    if key.revoked_at is not None:
+        raise ApiKeyRejected("api_key_revoked", "The API key has been revoked.", 401)
+    if not key.tenant.is_active:
+        raise ApiKeyRejected("tenant_suspended", "The tenant is suspended.", 403)
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+def data_key_create(*, tenant: Tenant) -> TenantKey:
+    master = keys.master_key()
+    version = (tenant.data_keys.order_by("-version").values_list("version", flat=True).first() or 0) + 1
+    return TenantKey.objects.create(
+        tenant=tenant,
+        version=version,
+        wrapped_key=keys.data_key_wrap(keys.data_key_new(), wrapping_key=master),
+        master_key_id=keys.master_key_id(master),
+    )
+
+
+def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, bytes]:
+    """The tenant's data key (the newest active one unless a version is asked for), unwrapped."""
+    rows = tenant.data_keys.order_by("-version")
+    row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
+    if row is None:
+        raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}")
+    master = keys.master_key()
+    if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
+        raise keys.KeyUnwrapError(
+            f"data key v{row.version} of {tenant.schema_name} was wrapped by master key "
+            f"{row.master_key_id}, not by the configured one"
+        )
+    return row.version, keys.data_key_unwrap(row.wrapped_key, wrapping_key=master)
+
+
+def _digest(plaintext: str) -> str:
+    # API keys carry 256 random bits, so a fast hash is as strong as a slow one here.
+    return hashlib.sha256(plaintext.encode()).hexdigest()
