@@ -304,16 +304,17 @@ class Harness:
                                        f"{run.max_wall_seconds:.1f}s")
             step = agent.steps[position.step]
             started = time.monotonic()
-            transition = self._step_run(step, position, logs)
-            run.active_seconds += time.monotonic() - started
-            if transition is None:  # retries exhausted; the error is in the events
-                return self._end(position, Run.Status.FAILED, error=self._last_error)
             try:
+                transition = self._step_run(step, position, logs)
+                if transition is None:  # retries exhausted; the errors are in the events
+                    return self._end(position, Run.Status.FAILED, error=self._last_error)
                 position = self.position = self._apply(step, position, transition)
             except StepError as exc:
                 event_record(run_id=run.id, kind="step_failed", visit=position.visit,
                              step=step.name, error=str(exc), retryable=False)
                 return self._end(position, Run.Status.FAILED, error=str(exc))
+            finally:
+                run.active_seconds += time.monotonic() - started
             run.steps_taken += 1
             match transition:
                 case Finish(result=result):

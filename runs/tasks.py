@@ -30,7 +30,7 @@ def advance(run_id: str) -> str:
     return outcome.value
 
 
-@shared_task(name="runs.run_status")
+@shared_task(name="runs.run_status", ignore_result=False)
 def run_status(run_id: str) -> dict:
     """The status of a run in the task's tenant, or not_found: used by operators' probes."""
     from .models import Run

@@ -1,0 +1,94 @@
+"""Agents used only by the tests (registered in test processes and test workers alike)."""
+
+import json
+import urllib.request
+
+from runs.agents import Agent, RetryPolicy
+from runs.transitions import fail, finish, goto, sleep
+
+# -- a loop that appends one ~200-byte message per step -------------------------------------
+chatter = Agent("chatter", version=1, logs=["messages"])
+
+
+@chatter.step(start=True, next=["talk", "done"])
+def talk(ctx, state):
+    said = state.get("said", 0) + 1
+    message = {"n": said, "text": f"message {said:06d} " + "x" * 180}
+    nxt = "done" if said >= state["steps"] else "talk"
+    return goto(nxt, update={"said": said}, append={"messages": [message]})
+
+
+@chatter.step(next=[])
+def done(ctx, state):
+    return finish({"said": state["said"], "messages": len(state.log("messages"))})
+
+
+# -- a step that fails its first `failures` attempts (counted per run in this process) ------
+flaky = Agent("flaky", version=1, retry=RetryPolicy(max_attempts=3, initial_backoff=0.01))
+ATTEMPTS: dict[str, int] = {}
+
+
+@flaky.step(start=True, next=[])
+def wobble(ctx, state):
+    ATTEMPTS[str(ctx.run_id)] = ctx.attempt
+    if ctx.attempt <= state["failures"]:
+        raise ConnectionError(f"upstream refused attempt {ctx.attempt}")
+    return finish({"attempts": ctx.attempt})
+
+
+# -- steps that break the engine's rules -------------------------------------------------------
+rulebreaker = Agent("rulebreaker", version=1)
+
+
+@rulebreaker.step(start=True, next=["ok"])
+def start(ctx, state):
+    match state["how"]:
+        case "undeclared":
+            return goto("nowhere")
+        case "too_big":
+            return goto("ok", update={"notes": "y" * 300_000})
+        case "not_a_transition":
+            return {"oops": True}
+        case "fails":
+            return fail("the agent gave up")
+        case "parks":
+            return sleep(then="ok", duration=__import__("datetime").timedelta(days=1))
+    return goto("ok")
+
+
+@rulebreaker.step(next=[])
+def ok(ctx, state):
+    return finish("ok")
+
+
+# -- a step that reports to an HTTP receiver after the barrier ---------------------------------
+notifier = Agent("notifier", version=1, logs=["sent"])
+
+
+@notifier.step(start=True, next=["notify", "wrap_up"])
+def notify(ctx, state):
+    n = state.get("n", 0) + 1
+    ctx.barrier()  # what ctx.effect does before anything leaves the process
+    body = json.dumps({"run": str(ctx.run_id), "visit": ctx.visit, "n": n}).encode()
+    urllib.request.urlopen(urllib.request.Request(state["url"], data=body, method="POST"),
+                           timeout=10).read()
+    return goto("wrap_up" if n >= state["count"] else "notify", update={"n": n},
+                append={"sent": [n]})
+
+
+@notifier.step(next=[])
+def wrap_up(ctx, state):
+    return finish(state["n"])
+
+
+# -- a slow step, for cancellation and workers ---------------------------------------------------
+slowpoke = Agent("slowpoke", version=1)
+
+
+@slowpoke.step(start=True, next=["nap"])
+def nap(ctx, state):
+    import time
+
+    time.sleep(state.get("seconds", 0.2))
+    n = state.get("n", 0) + 1
+    return finish(n) if n >= state.get("count", 1_000_000) else goto("nap", update={"n": n})

@@ -1,0 +1,174 @@
+"""The test session: a fresh database with two tenants, acme and globex, and real Celery workers.
+
+Tests talk to committed data over real connections (workers are separate processes), so each
+test makes its own rows with fresh ids instead of relying on rollback.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection, connections
+from django_tenants.utils import tenant_context
+from rest_framework.test import APIClient
+
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _admin_dsn(db: dict) -> str:
+    return (f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} "
+            f"user={db['USER'] or 'postgres'} dbname=postgres")
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_blocker):
+    db = settings.DATABASES["default"]
+    name = db["NAME"]
+    assert name.endswith("_test"), f"refusing to recreate {name!r}: test databases end in _test"
+    with psycopg.connect(_admin_dsn(db), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name]
+        )
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    with django_db_blocker.unblock():
+        call_command("migrate_schemas", shared=True, interactive=False, verbosity=0)
+        from tenants.services import tenant_create
+
+        keys = {}
+        for schema in ("acme", "globex"):
+            keys[schema] = tenant_create(schema_name=schema).api_key
+        connection.set_schema_to_public()
+    os.environ["TEST_ACME_KEY"], os.environ["TEST_GLOBEX_KEY"] = keys["acme"], keys["globex"]
+    yield
+    connections.close_all()
+
+
+@pytest.fixture(autouse=True)
+def _db(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        yield
+        connection.set_schema_to_public()
+
+
+@pytest.fixture
+def acme():
+    from tenants.models import Tenant
+
+    return Tenant.objects.get(schema_name="acme")
+
+
+@pytest.fixture
+def globex():
+    from tenants.models import Tenant
+
+    return Tenant.objects.get(schema_name="globex")
+
+
+@pytest.fixture
+def in_acme(acme):
+    with tenant_context(acme):
+        yield acme
+
+
+def api_client(key: str | None) -> APIClient:
+    client = APIClient()
+    if key:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+@pytest.fixture
+def acme_api():
+    return api_client(os.environ["TEST_ACME_KEY"])
+
+
+@pytest.fixture
+def globex_api():
+    return api_client(os.environ["TEST_GLOBEX_KEY"])
+
+
+class Worker:
+    """A real `celery worker` process on the test queue."""
+
+    def __init__(self, name: str, concurrency: int = 1):
+        self.name = name
+        self.log_path = ROOT / ".dev" / "test-logs" / f"{name}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "agentplatform", "worker", "-l", "info",
+             "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"{name}@%h", "--pool", "prefork",
+             "-c", str(concurrency), "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60.0):
+        from agentplatform.celery import app
+
+        def answers():
+            assert self.process.poll() is None, f"worker {self.name} exited: {self.log_tail()}"
+            replies = app.control.ping(timeout=0.5) or []
+            return any(self.name in host for reply in replies for host in reply)
+
+        wait_for(answers, timeout=timeout, interval=0.2, what=f"worker {self.name} to answer")
+        return self
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def kill(self, sig=signal.SIGKILL):
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def celery_queue_clean(django_db_setup):
+    import redis
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+
+
+@pytest.fixture(scope="session")
+def worker(celery_queue_clean):
+    """One worker process for the whole session."""
+    process = Worker("session-worker", concurrency=2).wait_ready()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def start_worker(celery_queue_clean):
+    """Start extra workers for one test; all are stopped afterwards."""
+    started = []
+
+    def start(name: str, concurrency: int = 1) -> Worker:
+        process = Worker(f"{name}-{time.monotonic_ns()}", concurrency)
+        started.append(process)
+        return process.wait_ready()
+
+    yield start
+    for process in started:
+        process.stop()

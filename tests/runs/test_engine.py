@@ -1,0 +1,240 @@
+"""The engine core, driven in-process (no Celery): checkpoints, retries, limits, versions."""
+
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.db.utils import DatabaseError
+
+from runs import engine
+from runs.agents import Agent, registry
+from runs.models import Checkpoint, LogEntry, Run, RunEvent
+from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
+from runs.transitions import finish, goto
+from tests.agents import ATTEMPTS
+
+
+def start(agent, **kwargs):
+    return run_start(agent=agent, enqueue=False, **kwargs).run
+
+
+def finished(run_id, **kwargs):
+    outcome = engine.advance(run_id=run_id, sleep=lambda s: None, **kwargs)
+    while outcome == engine.Outcome.SLICE_USED:
+        outcome = engine.advance(run_id=run_id, sleep=lambda s: None, **kwargs)
+    return Run.objects.get(id=run_id)
+
+
+def kinds(run):
+    return list(RunEvent.objects.filter(run=run).order_by("id").values_list("kind", flat=True))
+
+
+def test_research_agent_appends_one_finding_per_iteration(in_acme):
+    run = finished(start("research", input={"topic": "tides", "iterations": 4}).id)
+    assert run.status == "succeeded", run.error
+    assert run.result["findings"] == 4 and run.result["topic"] == "tides"
+    assert LogEntry.objects.filter(run=run, log="findings").count() == 4
+    assert kinds(run) == ["run_created", "run_succeeded"]
+
+
+def test_research_agent_stops_when_its_budget_is_spent(in_acme):
+    run = finished(start("research", input={"iterations": 50, "budget": 30,
+                                            "cost_per_iteration": 10}).id)
+    assert run.result["findings"] == 3 and run.result["spent"] == 30
+
+
+def test_same_idempotency_key_returns_the_same_run(in_acme):
+    key = f"order-{uuid.uuid4()}"
+    first = run_start(agent="research", input={"topic": "a"}, idempotency_key=key, enqueue=False)
+    again = run_start(agent="research", input={"topic": "a"}, idempotency_key=key, enqueue=False)
+    assert first.created and not again.created and again.run.id == first.run.id
+    assert Run.objects.filter(idempotency_key=key).count() == 1
+    with pytest.raises(RunError) as refused:
+        run_start(agent="research", input={"topic": "b"}, idempotency_key=key, enqueue=False)
+    assert refused.value.code == "idempotency_key_reused"
+
+
+def test_step_that_raises_then_succeeds_on_retry(in_acme):
+    run = finished(start("flaky", input={"failures": 2}).id)
+    assert run.status == "succeeded" and run.result == {"attempts": 3}
+    errors = RunEvent.objects.filter(run=run, kind="step_error").order_by("id")
+    assert [e.data["attempt"] for e in errors] == [1, 2]
+    assert "upstream refused attempt 1" in errors[0].data["error"]
+    assert "ConnectionError" in errors[0].data["traceback"]
+
+
+def test_step_that_keeps_raising_fails_the_run_with_the_exception_recorded(in_acme):
+    run = finished(start("flaky", input={"failures": 5}).id)
+    assert run.status == "failed" and "ConnectionError" in run.error
+    assert ATTEMPTS[str(run.id)] == 3
+    assert [e["will_retry"] for e in RunEvent.objects.filter(run=run, kind="step_error")
+            .values_list("data", flat=True)] == [True, True, False]
+    assert kinds(run)[-1] == "run_failed"
+    assert Checkpoint.objects.filter(run=run).count() == 1  # nothing lost: visit 0 is intact
+
+
+def test_max_steps_fails_the_run_with_the_reason_in_its_events(in_acme):
+    run = finished(start("chatter", input={"steps": 100}, max_steps=10).id)
+    assert run.status == "failed" and run.steps_taken == 10
+    assert "max_steps" in run.error
+    event = RunEvent.objects.get(run=run, kind="limit_exceeded")
+    assert "max_steps reached: 10 of 10" in event.data["error"]
+
+
+def test_max_wall_time_fails_the_run(in_acme):
+    run = finished(start("slowpoke", input={"seconds": 0.05}, max_wall_seconds=0.2).id)
+    assert run.status == "failed" and "max wall time" in run.error
+    assert 0.2 <= run.active_seconds < 2
+
+
+def test_resumed_run_continues_the_same_counters(in_acme):
+    run = start("chatter", input={"steps": 100}, max_steps=7)
+    advances = 0
+    outcome = engine.Outcome.SLICE_USED
+    while outcome == engine.Outcome.SLICE_USED:
+        outcome = engine.advance(run_id=run.id, slice_seconds=0)  # one step per advance
+        advances += 1
+    run.refresh_from_db()
+    assert advances == 8 and run.steps_taken == 7 and run.status == "failed"
+    assert list(Checkpoint.objects.filter(run=run).order_by("visit")
+                .values_list("visit", flat=True)) == list(range(8))
+
+
+@pytest.mark.parametrize("table", ["runs_runevent", "runs_checkpoint", "runs_logentry"])
+def test_append_only_trigger_refuses_update_and_delete(in_acme, table):
+    run = finished(start("chatter", input={"steps": 2}).id)
+    for statement in (f"UPDATE {table} SET run_id = run_id WHERE run_id = %s",
+                      f"DELETE FROM {table} WHERE run_id = %s"):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(statement, [run.id])
+    assert Checkpoint.objects.filter(run=run).count() == 4
+
+
+def test_state_at_checkpoint_k_equals_what_the_run_had_after_step_k(in_acme):
+    run = finished(start("chatter", input={"steps": 12}).id)
+    for k in range(0, 13):
+        snapshot = checkpoint_state(run_id=run.id, visit=k)
+        assert snapshot["state"].get("said", 0) == k
+        messages = snapshot["logs"].get("messages", [])
+        assert [m["n"] for m in messages] == list(range(1, k + 1))
+        assert snapshot["step"] == ("talk" if k < 12 else "done")
+    assert checkpoint_state(run_id=run.id, visit=13)["step"] is None
+
+
+def test_fork_from_a_middle_checkpoint_continues_and_leaves_the_original_untouched(in_acme):
+    original = finished(start("research", input={"topic": "moss", "iterations": 6}).id)
+
+    def fingerprint():
+        return (list(Checkpoint.objects.filter(run=original).order_by("visit")
+                     .values_list("visit", "step", "state")),
+                list(LogEntry.objects.filter(run=original).order_by("index")
+                     .values_list("index", "value")),
+                Run.objects.filter(id=original.id).values("status", "result", "steps_taken")[0])
+
+    before = fingerprint()
+    fork = run_fork(run_id=original.id, visit=3, enqueue=False)
+    assert fork.forked_from_id == original.id and fork.status == "queued"
+    fork = finished(fork.id)
+    assert fork.status == "succeeded"
+    assert fork.result == original.result  # same path from the same point
+    assert checkpoint_state(run_id=fork.id, visit=3)["state"] == \
+        checkpoint_state(run_id=original.id, visit=3)["state"]
+    assert LogEntry.objects.filter(run=fork).count() == 6
+    assert fingerprint() == before
+
+
+def test_fork_of_an_unfinished_run_is_refused(in_acme):
+    run = start("research")
+    with pytest.raises(RunError) as refused:
+        run_fork(run_id=run.id, visit=0, enqueue=False)
+    assert refused.value.code == "run_not_finished"
+
+
+@pytest.fixture
+def drift_agent():
+    def define(version, steps):
+        agent = Agent("drift", version=version)
+
+        @agent.step(start=True, next=steps)
+        def begin(ctx, state):
+            return goto(steps[0])
+
+        for name in steps:
+            agent.step(next=[], name=name)(lambda ctx, state: finish("done"))
+        return agent
+
+    yield define
+    for version in (1, 2):
+        registry.unregister("drift", version)
+
+
+def test_topology_mismatch_is_refused_and_the_run_stays_parked(in_acme, drift_agent):
+    drift_agent(1, ["a"])
+    run = start("drift")
+    drift_agent(1, ["a", "b"])  # a deploy changed v1's steps without bumping the version
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    run.refresh_from_db()
+    assert run.status == "waiting" and "changed its steps" in run.waiting_reason
+    assert RunEvent.objects.filter(run=run, kind="resume_refused").exists()
+    assert Checkpoint.objects.filter(run=run).count() == 1  # not misrouted: nothing ran
+    assert engine.advance(run_id=run.id) == engine.Outcome.NOT_CLAIMED  # parked, not retried
+
+
+def test_new_version_registers_while_old_runs_drain(in_acme, drift_agent):
+    drift_agent(1, ["a"])
+    old = start("drift")
+    drift_agent(2, ["b"])
+    new = start("drift")
+    assert (old.agent_version, new.agent_version) == (1, 2)
+    assert finished(old.id).status == "succeeded"
+    assert finished(new.id).status == "succeeded"
+
+
+@pytest.mark.parametrize("how,message", [
+    ("undeclared", "does not declare"),
+    ("too_big", "field 'notes'"),
+    ("not_a_transition", "not a transition"),
+    ("fails", "the agent gave up"),
+    ("parks", "cannot execute yet"),
+])
+def test_a_step_breaking_the_rules_fails_the_run_with_a_clear_error(in_acme, how, message):
+    run = finished(start("rulebreaker", input={"how": how}).id)
+    assert run.status == "failed" and message in run.error
+
+
+def test_small_state_limit_is_configurable(in_acme, settings):
+    settings.RUN_STATE_MAX_BYTES = 100
+    with pytest.raises(RunError, match="field 'topic'"):
+        start("research", input={"topic": "z" * 200})
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_every_durability_mode_ends_in_the_same_state(in_acme, durability):
+    run = finished(start("chatter", input={"steps": 30}, durability=durability).id)
+    assert run.status == "succeeded" and run.result == {"said": 30, "messages": 30}
+    visits = list(Checkpoint.objects.filter(run=run).values_list("visit", flat=True))
+    assert sorted(visits) == (list(range(32)) if durability != "exit" else [0, 31])
+
+
+def test_cancel_of_a_queued_run_is_immediate(in_acme):
+    run = run_cancel(run_id=start("research").id)
+    assert run.status == "cancelled"
+    assert engine.advance(run_id=run.id) == engine.Outcome.NOT_CLAIMED
+    with pytest.raises(RunError):
+        run_cancel(run_id=run.id)
+
+
+def test_worker_that_lost_its_lease_stops_at_its_next_write(in_acme):
+    run = start("chatter", input={"steps": 5})
+    stale_epoch = engine.run_claim(run_id=run.id, owner="stale")
+    Run.objects.filter(id=run.id).update(lease_expires_at=None)  # as if the lease expired
+    assert engine.advance(run_id=run.id, owner="successor") == engine.Outcome.ENDED
+    stale = engine.Harness(Run.objects.get(id=run.id), registry.get("chatter"), stale_epoch,
+                           "stale", slice_seconds=60)
+    stale.run.status = "running"
+    with pytest.raises(engine.LeaseLost):
+        engine.checkpoint_commit(run=stale.run, epoch=stale_epoch,
+                                 position=engine.Position(99, "talk", {}, {}))
+    assert not Checkpoint.objects.filter(run=run, visit=99).exists()
+    assert Run.objects.get(id=run.id).status == "succeeded"

@@ -1,0 +1,24 @@
+"""Test settings: a dedicated database, Redis db and queue, and secrets made for this session.
+
+Worker processes started by the tests inherit the same environment, so they agree on all of it.
+"""
+
+import base64
+import os
+import secrets
+
+# Assigned, not defaulted: a developer's DATABASE_URL must never be the one the tests drop.
+os.environ["DATABASE_URL"] = os.environ.get(
+    "TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentplatform_test"
+)
+os.environ["CELERY_BROKER_URL"] = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ["CELERY_QUEUE"] = "agentplatform-test"
+os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
+os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
+os.environ.setdefault("AGENT_MODULES", "agents,tests.agents")
+os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
+
+from agentplatform.settings import *  # noqa: E402,F403
+
+# Short slices in tests so re-enqueueing between slices is exercised by real workers.
+RUN_SLICE_SECONDS = float(os.environ.get("RUN_SLICE_SECONDS", "0.5"))

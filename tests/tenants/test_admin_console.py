@@ -1,0 +1,46 @@
+"""Founders' console: Django admin on the public schema, staff only."""
+
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tenants.models import Tenant
+from tenants.services import tenant_reactivate
+
+
+def staff_client() -> Client:
+    user, _ = User.objects.get_or_create(username="founder", defaults={"is_staff": True,
+                                                                       "is_superuser": True})
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_console_needs_a_staff_login():
+    response = Client().get("/admin/tenants/tenant/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    user, _ = User.objects.get_or_create(username="customer", defaults={"is_staff": False})
+    client = Client()
+    client.force_login(user)
+    assert client.get("/admin/tenants/tenant/").status_code == 302
+
+
+def test_console_lists_tenants_with_status_and_key_count(acme, globex):
+    page = staff_client().get("/admin/tenants/tenant/").content.decode()
+    for column in ("acme", "globex", "active", "Active API keys", "Created at", "field-active_keys"):
+        assert column in page, column
+
+
+def test_founder_suspends_and_reactivates_a_tenant(globex, globex_api):
+    client = staff_client()
+    response = client.post("/admin/tenants/tenant/", {
+        "action": "suspend", "_selected_action": [globex.pk]})
+    assert response.status_code == 302
+    try:
+        assert Tenant.objects.get(pk=globex.pk).status == "suspended"
+        assert globex_api.get("/api/v1/runs").status_code == 403
+        client.post("/admin/tenants/tenant/", {"action": "reactivate",
+                                              "_selected_action": [globex.pk]})
+        assert Tenant.objects.get(pk=globex.pk).status == "active"
+        assert globex_api.get("/api/v1/runs").status_code == 200
+    finally:
+        tenant_reactivate(tenant=globex)
