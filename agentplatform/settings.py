@@ -102,6 +102,13 @@ SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
 # 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
 MASTER_KEY = env("AGENTPLATFORM_MASTER_KEY", default="")
 
+# -- S3 (archives, sandbox workspaces); SeaweedFS locally --------------------------------------
+S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", default="") or None  # None: AWS itself
+S3_BUCKET = env("S3_BUCKET", default="agentplatform")
+S3_REGION = env("S3_REGION", default="us-east-1")
+AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="agentplatform-dev")
+AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="agentplatform-dev-secret")
+
 # -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="agentplatform")

@@ -17,7 +17,7 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -28,8 +28,17 @@ from django.utils import timezone
 from .agents import Agent, Step, UnknownAgent, registry
 from .models import Checkpoint, LogEntry, Run, RunEvent
 from .state import LogView, State, StateTooLarge, state_merge
-from .transitions import Fail, FanOut, Finish, Goto, Sleep, Transition, WaitForApproval, \
-    WaitForEvent, targets
+from .transitions import (
+    Fail,
+    FanOut,
+    Finish,
+    Goto,
+    Sleep,
+    Transition,
+    WaitForApproval,
+    WaitForEvent,
+    targets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +46,7 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_SECONDS = 0.5
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     NOT_CLAIMED = "not_claimed"  # someone else holds the lease, or nothing to do
     SLICE_USED = "slice_used"  # still runnable: enqueue again
     PARKED = "parked"

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
-from django_tenants.utils import get_public_schema_name, schema_exists
+from django_tenants.utils import get_public_schema_name
 
 from . import keys
 from .models import ApiKey, Tenant, TenantKey

@@ -151,8 +151,60 @@ def celery_queue_clean(django_db_setup):
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
 
 
+class SeaweedFS:
+    """A real S3 server (`weed mini`, via deploy/seaweedfs) for this test session."""
+
+    def __init__(self, port: int, data_dir: Path):
+        self.port, self.endpoint = port, f"http://127.0.0.1:{port}"
+        log = (ROOT / ".dev" / "test-logs" / f"seaweedfs-{port}.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["bash", str(ROOT / "deploy" / "seaweedfs"), "start", "--dir", str(data_dir),
+             "--port", str(port), "--bucket", settings.S3_BUCKET],
+            cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.log = log
+
+    def wait_ready(self):
+        from agentplatform.s3 import s3_client
+
+        def bucket_ready():
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                s3_client().head_bucket(Bucket=settings.S3_BUCKET)
+                return True
+            except Exception:
+                try:
+                    s3_client().create_bucket(Bucket=settings.S3_BUCKET)
+                except Exception:
+                    pass
+                return False
+
+        wait_for(bucket_ready, timeout=60, interval=0.3, what="SeaweedFS S3 to answer")
+        return self
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
-def worker(celery_queue_clean):
+def s3(tmp_path_factory):
+    """S3 for the session; workers started afterwards inherit S3_ENDPOINT_URL."""
+    server = SeaweedFS(settings.SEAWEEDFS_PORT, tmp_path_factory.mktemp("seaweedfs"))
+    settings.S3_ENDPOINT_URL = os.environ["S3_ENDPOINT_URL"] = server.endpoint
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(celery_queue_clean, s3):
     """One worker process for the whole session."""
     process = Worker("session-worker", concurrency=2).wait_ready()
     yield process
@@ -160,7 +212,7 @@ def worker(celery_queue_clean):
 
 
 @pytest.fixture
-def start_worker(celery_queue_clean):
+def start_worker(celery_queue_clean, s3):
     """Start extra workers for one test; all are stopped afterwards."""
     started = []
 

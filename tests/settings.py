@@ -7,12 +7,20 @@ import base64
 import os
 import secrets
 
+# TEST_SLOT (0-7) lets several checkouts run their suites at once on one machine.
+SLOT = int(os.environ.get("TEST_SLOT", "0"))
 # Assigned, not defaulted: a developer's DATABASE_URL must never be the one the tests drop.
 os.environ["DATABASE_URL"] = os.environ.get(
-    "TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentplatform_test"
+    "TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/agentplatform{SLOT or ''}_test"
 )
-os.environ["CELERY_BROKER_URL"] = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-os.environ["CELERY_QUEUE"] = "agentplatform-test"
+os.environ["CELERY_BROKER_URL"] = os.environ.get(
+    "TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - SLOT}"
+)
+os.environ["CELERY_QUEUE"] = f"agentplatform-test{SLOT or ''}"
+os.environ["S3_BUCKET"] = "agentplatform-test"
+os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
+os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"
+SEAWEEDFS_PORT = 18300 + 20 * SLOT
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("AGENT_MODULES", "agents,tests.agents")

@@ -6,8 +6,14 @@ import pytest
 from django.db import connection
 
 from tenants.models import ApiKey, Tenant
-from tenants.services import api_key_create, api_key_revoke, tenant_create, tenant_delete, \
-    tenant_reactivate, tenant_suspend
+from tenants.services import (
+    api_key_create,
+    api_key_revoke,
+    tenant_create,
+    tenant_delete,
+    tenant_reactivate,
+    tenant_suspend,
+)
 from tests.conftest import api_client
 
 
