@@ -28,6 +28,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.
 SHARED_APPS = [
     "tenants",  # before django_tenants so our create_tenant command is the one that runs
     "django_tenants",
+    "dispatch",
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "django.contrib.sessions",
@@ -118,11 +119,25 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A slice lasts RUN_SLICE_SECONDS, far below the visibility timeout, so Redis redelivers only
+# what a dead worker held; and a redelivered message only rings the doorbell: the lease claim
+# and epoch fencing make a second delivery harmless (docs/decisions/0002-leases.md).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BEAT_SCHEDULE = {
+    "dispatch-tick": {"task": "dispatch.tick",
+                      "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
+}
 
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
 RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
 RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
+RUN_HEARTBEAT_SECONDS = env.float("RUN_HEARTBEAT_SECONDS", default=RUN_LEASE_SECONDS / 3)
+# Fair dispatch (dispatch/services.py): how much is handed to workers at once.
+DISPATCH_MAX_IN_FLIGHT = env.int("DISPATCH_MAX_IN_FLIGHT", default=16)
+RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
+DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
+DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
 
 LOGGING = {

@@ -25,8 +25,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from dispatch.services import ready_clear, ready_mark, ready_requeue
+
 from .agents import Agent, Step, UnknownAgent, registry
-from .models import Checkpoint, LogEntry, Run, RunEvent
+from .leases import leases
+from .models import Branch, Checkpoint, LogEntry, Run, RunEvent
 from .state import LogView, State, StateTooLarge, state_merge
 from .transitions import (
     Fail,
@@ -258,7 +261,10 @@ class StepContext:
     """What a step sees besides its state: the run, its input, its logs, the visit."""
 
     def __init__(self, *, run: Run, agent: Agent, visit: int, attempt: int,
-                 logs: dict[str, LogView], writer: CheckpointWriter):
+                 logs: dict[str, LogView], writer: CheckpointWriter, item: Any = None,
+                 branch: int | None = None):
+        self.item = item  # in a fan-out branch: its item, and its index in `branch`
+        self.branch = branch
         self.run_id = run.id
         self.input = run.input
         self.agent = agent
@@ -274,6 +280,23 @@ class StepContext:
         """Make every checkpoint so far durable; called before anything externally visible."""
         self._writer.flush()
 
+    @property
+    def fan_out(self) -> list["BranchResult"]:
+        """In a join step: every branch's outcome, in item order."""
+        return [
+            BranchResult(b.index, b.item, b.status == Branch.Status.DONE, b.result, b.error)
+            for b in Branch.objects.filter(run_id=self.run_id, visit=self.visit).order_by("index")
+        ]
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    index: int
+    item: Any
+    ok: bool
+    value: Any
+    error: str
+
 
 class Harness:
     """Runs one claimed run's steps until it parks, ends, or its time slice is used."""
@@ -285,6 +308,7 @@ class Harness:
         self.sleep = sleep
         self.writer = CheckpointWriter(run, epoch)
         self.writer.cancel_requested = run.cancel_requested
+        self.item, self.branch_index = None, None  # set when running a fan-out branch
 
     def go(self) -> Outcome:
         try:
@@ -332,13 +356,20 @@ class Harness:
                     return self._end(position, Run.Status.FAILED, error=reason)
                 case Goto():
                     self.writer.write(position)
-                case WaitForApproval() | WaitForEvent() | Sleep() | FanOut():
+                case FanOut(items=items) if not items:
+                    position.step = transition.then  # nothing to fan out: straight to the join
+                    self.writer.write(position)
+                case FanOut():
+                    return self._park_fan_out(position, transition)
+                case WaitForApproval() | WaitForEvent() | Sleep():
                     return self._end(position, Run.Status.FAILED, error=(
                         f"step {step.name!r} returned {type(transition).__name__}, which this "
                         "platform version cannot execute yet"))
             if time.monotonic() - slice_started >= self.slice_seconds:
-                self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
-                                         lease_expires_at=None)
+                with transaction.atomic():
+                    self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
+                                             lease_expires_at=None)
+                    ready_requeue(run_id=run.id)  # back of its tenant's line: fairness
                 return Outcome.SLICE_USED
 
     _last_error = ""
@@ -347,7 +378,8 @@ class Harness:
         policy = step.retry or self.agent.retry
         for attempt in range(1, policy.max_attempts + 1):
             ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
-                              attempt=attempt, logs=logs, writer=self.writer)
+                              attempt=attempt, logs=logs, writer=self.writer, item=self.item,
+                              branch=self.branch_index)
             try:
                 transition = step.fn(ctx, State(position.state, logs))
                 if not isinstance(transition, Transition):
@@ -415,7 +447,26 @@ class Harness:
             )
             event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
                          result=result, steps_taken=run.steps_taken)
+            ready_clear(run_id=run.id)
         return Outcome.ENDED
+
+    def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:
+        """Park the run at the join step and put one branch per item in line."""
+        run = self.run
+        with transaction.atomic():
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None,
+                                     waiting_reason=f"fan_out: {len(fan_out.items)} branches")
+            Branch.objects.bulk_create(
+                Branch(run_id=run.id, visit=position.visit, index=i, step=fan_out.step, item=item)
+                for i, item in enumerate(fan_out.items)
+            )
+            ready_clear(run_id=run.id)
+            for i in range(len(fan_out.items)):
+                ready_mark(run_id=run.id, branch=i)
+            event_record(run_id=run.id, kind="fan_out", visit=position.visit,
+                         step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
+        return Outcome.PARKED
 
 
 def position_load(*, run: Run) -> Position:
@@ -433,6 +484,7 @@ def run_park_refused(*, run: Run, epoch: int, reason: str) -> Outcome:
         run_fence(run=run, epoch=epoch, status=Run.Status.WAITING, waiting_reason=reason,
                   lease_owner="", lease_expires_at=None)
         event_record(run_id=run.id, kind="resume_refused", reason=reason)
+        ready_clear(run_id=run.id)
     log.warning("run %s parked: %s", run.id, reason)
     return Outcome.PARKED
 
@@ -445,21 +497,116 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     if epoch is None:
         return Outcome.NOT_CLAIMED
     run = Run.objects.get(id=run_id)
-    try:
-        agent = registry.get(run.agent, run.agent_version)
-    except UnknownAgent as exc:
-        return run_park_refused(run=run, epoch=epoch, reason=f"{exc}; deploy it or migrate the run")
-    if agent.topology_hash != run.topology_hash:
-        return run_park_refused(run=run, epoch=epoch, reason=(
-            f"agent {agent.name!r} v{agent.version} changed its steps since this run started "
-            f"(topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]}); register the "
-            "new steps as a new version and keep this one until its runs drain"))
+    agent, refusal = agent_for(run)
+    if refusal:
+        return run_park_refused(run=run, epoch=epoch, reason=refusal)
     harness = Harness(run, agent, epoch, owner,
                       slice_seconds if slice_seconds is not None else settings.RUN_SLICE_SECONDS,
                       sleep=sleep)
+    lease = {"schema": connection.schema_name, "table": Run._meta.db_table, "row_id": run.id}
+    leases.hold(epoch=epoch, **lease)
     try:
         return harness.go()
     except LeaseLost as exc:
         log.warning("stopping: %s", exc)
         return Outcome.LEASE_LOST
+    finally:
+        leases.release(**lease)
 
+
+def agent_for(run: Run) -> tuple[Agent | None, str]:
+    """The registered code the run is pinned to, or why it cannot run on this deploy."""
+    try:
+        agent = registry.get(run.agent, run.agent_version)
+    except UnknownAgent as exc:
+        return None, f"{exc}; deploy it or migrate the run"
+    if agent.topology_hash != run.topology_hash:
+        return None, (
+            f"agent {agent.name!r} v{agent.version} changed its steps since this run started "
+            f"(topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]}); register the "
+            "new steps as a new version and keep this one until its runs drain")
+    return agent, ""
+
+
+def branch_claim(*, run_id: UUID, index: int, owner: str) -> Branch | None:
+    ttl = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    with transaction.atomic():
+        branch = (Branch.objects.select_for_update(skip_locked=True)
+                  .filter(run_id=run_id, index=index,
+                          status__in=[Branch.Status.PENDING, Branch.Status.RUNNING])
+                  .order_by("-visit").first())
+        if branch is None or (branch.lease_expires_at and branch.lease_expires_at > timezone.now()):
+            return None
+        branch.lease_epoch += 1
+        branch.lease_owner, branch.lease_expires_at = owner, ttl
+        branch.status, branch.attempts = Branch.Status.RUNNING, branch.attempts + 1
+        branch.save(update_fields=["lease_epoch", "lease_owner", "lease_expires_at", "status",
+                                   "attempts"])
+    return branch
+
+
+def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
+                   sleep=time.sleep) -> Outcome:
+    """Run one fan-out branch; its result is a pending write. The last branch to finish puts
+    the run back in line for its join step, in the same transaction."""
+    owner = owner or worker_id()
+    branch = branch_claim(run_id=run_id, index=index, owner=owner)
+    if branch is None:
+        return Outcome.NOT_CLAIMED
+    run = Run.objects.get(id=run_id)
+    agent, refusal = agent_for(run)
+    if run.status != Run.Status.WAITING or refusal:
+        return _branch_finish(branch, ok=False, error=refusal or f"run is {run.status}")
+    lease = {"schema": connection.schema_name, "table": Branch._meta.db_table,
+             "row_id": branch.id}
+    leases.hold(epoch=branch.lease_epoch, **lease)
+    try:
+        step = agent.steps[branch.step]
+        checkpoint = run.checkpoints.get(visit=branch.visit)
+        position = Position(visit=branch.visit, step=branch.step, state=checkpoint.state,
+                            offsets=dict(checkpoint.log_offsets), handed_over=True)
+        harness = Harness(run, agent, epoch=-1, owner=owner, slice_seconds=0, sleep=sleep)
+        harness.position = position
+        logs = {name: LogView(run.id, name, lambda name=name: position.offsets.get(name, 0),
+                              lambda name: []) for name in agent.logs}
+        harness.item, harness.branch_index = branch.item, branch.index
+        try:
+            transition = harness._step_run(step, position, logs)
+        except StepError as exc:
+            return _branch_finish(branch, ok=False, error=str(exc))
+        finally:
+            harness.writer.close()
+        match transition:
+            case Finish(result=result, update=update, append=append) if not update and not append:
+                return _branch_finish(branch, ok=True, value=result)
+            case Fail(reason=reason):
+                return _branch_finish(branch, ok=False, error=reason)
+            case None:
+                return _branch_finish(branch, ok=False, error=harness._last_error)
+        return _branch_finish(branch, ok=False, error=(
+            f"branch step {step.name!r} must return finish(value) or fail(reason), "
+            f"not {type(transition).__name__} with state changes"))
+    finally:
+        leases.release(**lease)
+
+
+def _branch_finish(branch: Branch, *, ok: bool, value: Any = None, error: str = "") -> Outcome:
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(id=branch.run_id).first()  # serialise the last two
+        written = Branch.objects.filter(id=branch.id, lease_epoch=branch.lease_epoch).update(
+            status=Branch.Status.DONE if ok else Branch.Status.FAILED, result=value, error=error,
+            lease_owner="", lease_expires_at=None, finished_at=timezone.now(),
+        )
+        if not written:
+            raise LeaseLost(f"branch {branch.index} of run {branch.run_id} was taken over")
+        ready_clear(run_id=branch.run_id, branch=branch.index)
+        open_branches = Branch.objects.filter(
+            run_id=branch.run_id, visit=branch.visit,
+            status__in=[Branch.Status.PENDING, Branch.Status.RUNNING]).exists()
+        if not open_branches:
+            resumed = Run.objects.filter(id=branch.run_id, status=Run.Status.WAITING).update(
+                status=Run.Status.QUEUED, waiting_reason="", updated_at=timezone.now())
+            if resumed:
+                event_record(run_id=branch.run_id, kind="fan_in", visit=branch.visit)
+                ready_mark(run_id=branch.run_id)
+    return Outcome.ENDED

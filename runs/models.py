@@ -114,3 +114,34 @@ class LogEntry(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "log", "index"], name="log_entry_unique")
         ]
+
+
+class Branch(models.Model):
+    """One branch of a fan-out: runs the fan-out step for one item on any worker; its result is
+    a pending write that the join step reads once every branch has one."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="branches")
+    visit = models.PositiveIntegerField()  # the checkpoint the run parked at
+    index = models.PositiveIntegerField()
+    step = models.CharField(max_length=100)
+    item = models.JSONField(null=True)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "visit", "index"], name="branch_unique")
+        ]

@@ -1,15 +1,19 @@
 """Run verbs: start, cancel, fork, and reading the state at a checkpoint (time travel)."""
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from dispatch.services import dispatch_ready, ready_clear, ready_mark
+
 from .agents import UnknownAgent, registry
 from .engine import event_record
-from .models import Checkpoint, LogEntry, Run
+from .models import Branch, Checkpoint, LogEntry, Run
 from .state import StateTooLarge, state_merge
 
 
@@ -28,10 +32,9 @@ class Started:
 
 
 def run_enqueue(run_id: UUID) -> None:
-    """Ring the doorbell after commit: a worker will claim the run (Postgres stays the truth)."""
-    from .tasks import advance
-
-    transaction.on_commit(lambda: advance.delay(str(run_id)))
+    """Put the run in line (in the caller's transaction) and dispatch after commit."""
+    ready_mark(run_id=run_id)
+    transaction.on_commit(dispatch_ready)
 
 
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
@@ -110,6 +113,9 @@ def run_cancel(*, run_id: UUID) -> Run:
                 status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
                 lease_owner="", lease_expires_at=None,
             )
+            Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
+                status=Branch.Status.FAILED, error="run cancelled")
+            ready_clear(run_id=run.id)
             event_record(run_id=run.id, kind="run_cancelled")
     run.refresh_from_db()
     return run
@@ -167,3 +173,35 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
         if enqueue:
             run_enqueue(fork.id)
     return fork
+
+
+def runs_inspect_in_flight(*, rows, now) -> list[str]:
+    """For the watchdog: per ready row handed to a worker a while ago, in this tenant's schema,
+    say "requeue" (lost message or expired lease), "drop" (the run left) or "keep"."""
+    redeliver = now - timedelta(seconds=settings.DISPATCH_REDELIVER_SECONDS)
+    run_ids = {row.run_id for row in rows}
+    runs = {r.id: r for r in Run.objects.filter(id__in=run_ids)}
+    branches = {(b.run_id, b.index): b for b in Branch.objects.filter(run_id__in=run_ids)
+                .order_by("visit")}  # the latest visit wins
+    verdicts = []
+    for row in rows:
+        if row.branch < 0:
+            run = runs.get(row.run_id)
+            status, expires = (run.status, run.lease_expires_at) if run else (None, None)
+            running, queued = Run.Status.RUNNING, Run.Status.QUEUED
+        else:
+            branch = branches.get((row.run_id, row.branch))
+            status, expires = (branch.status, branch.lease_expires_at) if branch else (None, None)
+            running, queued = Branch.Status.RUNNING, Branch.Status.PENDING
+        if status == running and expires is not None and expires < now:
+            verdicts.append("requeue")
+            if row.branch < 0:
+                event_record(run_id=row.run_id, kind="lease_expired", owner=run.lease_owner,
+                             epoch=run.lease_epoch)
+        elif status == queued or (status == running and expires is None):
+            verdicts.append("requeue" if row.dispatched_at < redeliver else "keep")
+        elif status == running:
+            verdicts.append("keep")
+        else:
+            verdicts.append("drop")
+    return verdicts

@@ -1,12 +1,17 @@
 """Celery tasks: load ids, call the engine. The tenant comes from the task's schema header."""
 
+import logging
 from uuid import UUID
 
 from celery import shared_task
 from django.db import connection
 from django_tenants.utils import get_public_schema_name
 
+from dispatch.services import dispatch_ready
+
 from . import engine
+
+log = logging.getLogger(__name__)
 
 
 class TenantRequired(RuntimeError):
@@ -21,12 +26,26 @@ def tenant_schema() -> str:
     return schema
 
 
-@shared_task(name="runs.advance", acks_late=True)
+@shared_task(name="runs.advance")
 def advance(run_id: str) -> str:
+    """Run a slice of the run; then hand the freed slot to whoever is next in fair order."""
     tenant_schema()
     outcome = engine.advance(run_id=UUID(run_id))
-    if outcome == engine.Outcome.SLICE_USED:
-        advance.delay(run_id)  # fairness: back of the queue; the header keeps the tenant
+    if outcome != engine.Outcome.NOT_CLAIMED:
+        dispatch_ready()
+    return outcome.value
+
+
+@shared_task(name="runs.advance_branch")
+def advance_branch(run_id: str, index: int) -> str:
+    tenant_schema()
+    try:
+        outcome = engine.branch_advance(run_id=UUID(run_id), index=index)
+    except engine.LeaseLost as exc:
+        log.warning("stopping: %s", exc)
+        outcome = engine.Outcome.LEASE_LOST
+    if outcome != engine.Outcome.NOT_CLAIMED:
+        dispatch_ready()
     return outcome.value
 
 

@@ -203,16 +203,42 @@ def s3(tmp_path_factory):
         server.stop()
 
 
+class Beat:
+    """A real `celery beat` process: the watchdog and dispatcher tick."""
+
+    def __init__(self, schedule_dir: Path):
+        self.log_path = ROOT / ".dev" / "test-logs" / "beat.log"
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "agentplatform", "beat", "-l", "info",
+             "-s", str(schedule_dir / "beat-schedule"), "--pidfile", ""],
+            cwd=ROOT, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=15)
+
+
 @pytest.fixture(scope="session")
-def worker(celery_queue_clean, s3):
-    """One worker process for the whole session."""
+def beat(celery_queue_clean, tmp_path_factory):
+    process = Beat(tmp_path_factory.mktemp("beat"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(celery_queue_clean, s3, beat):
+    """One worker process (and beat) for the whole session."""
     process = Worker("session-worker", concurrency=2).wait_ready()
     yield process
     process.stop()
 
 
 @pytest.fixture
-def start_worker(celery_queue_clean, s3):
+def start_worker(celery_queue_clean, s3, beat):
     """Start extra workers for one test; all are stopped afterwards."""
     started = []
 

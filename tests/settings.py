@@ -21,6 +21,11 @@ os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"
 SEAWEEDFS_PORT = 18300 + 20 * SLOT
+# Short leases and a quick watchdog, so recovery tests finish in seconds (workers inherit these).
+for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
+                    "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
+                    "DISPATCH_TICK_SECONDS": "0.5"}.items():
+    os.environ.setdefault(name, value)
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("AGENT_MODULES", "agents,tests.agents")

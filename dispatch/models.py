@@ -1,0 +1,25 @@
+"""The ready list (public schema): every runnable run of every tenant, in one table, so one
+query can pick the next runs to hand to workers in a fair order under per-tenant caps.
+
+A row exists while its run is queued or running; it is written in the same transaction as the
+run's status (one database, so one transaction spans the tenant schema and public).
+"""
+
+from django.db import models
+
+from tenants.models import Tenant
+
+
+class ReadyRun(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    schema_name = models.CharField(max_length=63)
+    run_id = models.UUIDField()
+    branch = models.IntegerField(default=-1)  # -1: the run itself; n: fan-out branch n
+    ready_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run_id", "branch"], name="ready_run_branch_unique")
+        ]
+        indexes = [models.Index(fields=["tenant", "dispatched_at", "ready_at"])]

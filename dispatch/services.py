@@ -1,0 +1,128 @@
+"""Fair dispatch: which runnable runs go to workers next, and the watchdog that notices lost
+messages and dead workers. PostgreSQL holds the truth; a Celery message is only a doorbell.
+
+Order: each tenant's ready runs are numbered oldest first, counting the ones it already has in
+flight; the smallest numbers go first. A tenant with 500 queued runs and one with 1 therefore
+alternate, and no tenant has more than RUN_TENANT_MAX_IN_FLIGHT runs in flight at once.
+"""
+
+import logging
+from collections import defaultdict
+from datetime import timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django_tenants.utils import schema_context
+
+from .models import ReadyRun
+
+log = logging.getLogger(__name__)
+READY = f"public.{ReadyRun._meta.db_table}"
+DISPATCH_LOCK = 0x6170_6469_7370  # any constant: one dispatcher at a time
+
+
+def ready_mark(*, run_id: UUID, branch: int = -1, schema: str | None = None) -> None:
+    """The run (or branch) is runnable: put it in line, at the back of its tenant's line.
+
+    Call inside the transaction that makes it runnable."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {READY} (tenant_id, schema_name, run_id, branch, ready_at, dispatched_at)
+            SELECT t.id, t.schema_name, %s, %s, now(), NULL
+              FROM public.tenants_tenant t WHERE t.schema_name = %s
+            ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL
+            """,
+            [run_id, branch, schema or connection.schema_name],
+        )
+
+
+def ready_requeue(*, run_id: UUID, branch: int = -1) -> None:
+    """Back in line, if it is in line at all (runs driven in-process are not)."""
+    ReadyRun.objects.filter(run_id=run_id, branch=branch).update(
+        ready_at=timezone.now(), dispatched_at=None
+    )
+
+
+def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
+    rows = ReadyRun.objects.filter(run_id=run_id)
+    if branch is not None:
+        rows = rows.filter(branch=branch)
+    rows.delete()
+
+
+def dispatch_ready(*, budget: int | None = None) -> int:
+    """Pick the next ready runs in fair order and ring their doorbells. Returns how many."""
+    from runs.tasks import advance, advance_branch
+
+    budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+        if not cursor.fetchone()[0]:
+            return 0  # another dispatcher is at it; the next tick picks up the rest
+        cursor.execute(
+            f"""
+            WITH inflight AS (
+                SELECT tenant_id, count(*) AS n FROM {READY}
+                 WHERE dispatched_at IS NOT NULL GROUP BY tenant_id
+            ), ranked AS (
+                SELECT r.id, r.ready_at,
+                       row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.ready_at, r.id)
+                         + coalesce(i.n, 0) AS place
+                  FROM {READY} r
+                  JOIN public.tenants_tenant t ON t.id = r.tenant_id AND t.status = 'active'
+                  LEFT JOIN inflight i ON i.tenant_id = r.tenant_id
+                 WHERE r.dispatched_at IS NULL
+            ), picked AS (
+                SELECT id FROM ranked WHERE place <= %s ORDER BY place, ready_at
+                 LIMIT greatest(%s - (SELECT count(*) FROM {READY}
+                                       WHERE dispatched_at IS NOT NULL), 0)
+            )
+            UPDATE {READY} r SET dispatched_at = now() FROM picked WHERE r.id = picked.id
+            RETURNING r.schema_name, r.run_id, r.branch
+            """,
+            [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
+        )
+        picked = cursor.fetchall()
+
+        def ring():
+            for schema, run_id, branch in picked:
+                headers = {"_schema_name": schema}
+                if branch < 0:
+                    advance.apply_async(args=[str(run_id)], headers=headers)
+                else:
+                    advance_branch.apply_async(args=[str(run_id), branch], headers=headers)
+
+        transaction.on_commit(ring)
+    return len(picked)
+
+
+def watchdog() -> dict[str, int]:
+    """Put back in line what a worker was handed but is not running: a message the broker
+    lost, a run whose lease expired (dead or frozen worker). Drop rows of runs that left."""
+    from runs.services import runs_inspect_in_flight
+
+    now = timezone.now()
+    stale = ReadyRun.objects.filter(
+        dispatched_at__lt=now - timedelta(seconds=settings.DISPATCH_CHECK_AFTER_SECONDS)
+    )
+    by_schema: dict[str, list[ReadyRun]] = defaultdict(list)
+    for row in stale:
+        by_schema[row.schema_name].append(row)
+    counts = {"requeued": 0, "dropped": 0}
+    for schema, rows in by_schema.items():
+        with schema_context(schema):
+            verdicts = runs_inspect_in_flight(rows=rows, now=now)
+        for row, verdict in zip(rows, verdicts, strict=True):
+            if verdict == "requeue":
+                ReadyRun.objects.filter(id=row.id, dispatched_at=row.dispatched_at).update(
+                    dispatched_at=None)
+                counts["requeued"] += 1
+            elif verdict == "drop":
+                ReadyRun.objects.filter(id=row.id, dispatched_at=row.dispatched_at).delete()
+                counts["dropped"] += 1
+    if counts["requeued"] or counts["dropped"]:
+        log.info("watchdog: %s", counts)
+    return counts

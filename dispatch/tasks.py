@@ -1,0 +1,11 @@
+"""Celery beat's tick: the watchdog, then fair dispatch (public schema)."""
+
+from celery import shared_task
+
+from . import services
+
+
+@shared_task(name="dispatch.tick", ignore_result=True)
+def tick() -> None:
+    services.watchdog()
+    services.dispatch_ready()

@@ -1,0 +1,66 @@
+"""Heartbeats: one thread per worker process extends the leases that process holds.
+
+A lease is (owner, epoch, expires_at) on a run or a fan-out branch. Checkpoint writes extend
+it too; the heartbeat covers long steps. If the process freezes or dies, the heartbeat stops
+with it, the lease expires and the watchdog hands the work to another worker.
+"""
+
+import logging
+import threading
+from datetime import timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(self):
+        self._held: dict[tuple[str, str, UUID | int], int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def hold(self, *, schema: str, table: str, row_id, epoch: int) -> None:
+        with self._lock:
+            self._held[(schema, table, row_id)] = epoch
+            if self._thread is None or not self._thread.is_alive():  # new process after fork
+                self._thread = threading.Thread(target=self._beat, name="lease-heartbeat",
+                                                daemon=True)
+                self._thread.start()
+
+    def release(self, *, schema: str, table: str, row_id) -> None:
+        with self._lock:
+            self._held.pop((schema, table, row_id), None)
+
+    def held(self) -> dict:
+        with self._lock:
+            return dict(self._held)
+
+    def _beat(self) -> None:
+        while True:
+            self._wake.wait(settings.RUN_HEARTBEAT_SECONDS)
+            try:
+                self.extend_all()
+            except Exception:  # the database may be restarting: try again next beat
+                log.warning("lease heartbeat failed; retrying", exc_info=True)
+                connection.close()
+
+    def extend_all(self) -> None:
+        ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
+        for (schema, table, row_id), epoch in self.held().items():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f'UPDATE "{schema}".{table} SET lease_expires_at = now() + %s '
+                    "WHERE id = %s AND lease_epoch = %s",
+                    [ttl, row_id, epoch],
+                )
+                if cursor.rowcount == 0:  # taken over: the holder stops at its next write
+                    log.warning("lease on %s.%s %s (epoch %s) was taken over",
+                                schema, table, row_id, epoch)
+                    self.release(schema=schema, table=table, row_id=row_id)
+
+
+leases = LeaseKeeper()
