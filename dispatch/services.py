@@ -68,7 +68,7 @@ def dispatch_ready(*, budget: int | None = None) -> int:
                 SELECT tenant_id, count(*) AS n FROM {READY}
                  WHERE dispatched_at IS NOT NULL GROUP BY tenant_id
             ), ranked AS (
-                SELECT r.id, r.ready_at,
+                SELECT r.id, r.ready_at, coalesce(t.max_in_flight, %s) AS cap,
                        row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.ready_at, r.id)
                          + coalesce(i.n, 0) AS place
                   FROM {READY} r
@@ -76,7 +76,7 @@ def dispatch_ready(*, budget: int | None = None) -> int:
                   LEFT JOIN inflight i ON i.tenant_id = r.tenant_id
                  WHERE r.dispatched_at IS NULL
             ), picked AS (
-                SELECT id FROM ranked WHERE place <= %s ORDER BY place, ready_at
+                SELECT id FROM ranked WHERE place <= cap ORDER BY place, ready_at
                  LIMIT greatest(%s - (SELECT count(*) FROM {READY}
                                        WHERE dispatched_at IS NOT NULL), 0)
             )

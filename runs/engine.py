@@ -356,8 +356,7 @@ class Harness:
                     return self._end(position, Run.Status.FAILED, error=reason)
                 case Goto():
                     self.writer.write(position)
-                case FanOut(items=items) if not items:
-                    position.step = transition.then  # nothing to fan out: straight to the join
+                case FanOut(items=items) if not items:  # nothing to fan out: on to the join
                     self.writer.write(position)
                 case FanOut():
                     return self._park_fan_out(position, transition)
@@ -419,9 +418,14 @@ class Harness:
                 entries.append(LogEntry(run_id=self.run.id, log=name, index=offsets.get(name, 0),
                                         visit=position.visit + 1, value=value))
                 offsets[name] = offsets.get(name, 0) + 1
-        next_step = getattr(transition, "step", None) or getattr(transition, "then", None)
-        if isinstance(transition, Finish | Fail):
-            next_step = None
+        match transition:
+            case Goto(step=next_step):
+                pass
+            case FanOut(then=next_step) | WaitForApproval(then=next_step) | \
+                    WaitForEvent(then=next_step) | Sleep(then=next_step):
+                pass
+            case _:
+                next_step = None
         return Position(visit=position.visit + 1, step=next_step, state=state, offsets=offsets,
                         pending_entries=entries)
 

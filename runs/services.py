@@ -7,6 +7,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from dispatch.services import dispatch_ready, ready_clear, ready_mark
@@ -205,3 +206,18 @@ def runs_inspect_in_flight(*, rows, now) -> list[str]:
         else:
             verdicts.append("drop")
     return verdicts
+
+
+def run_requeue(*, run_id: UUID, by: str) -> Run:
+    """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
+    in line. Its next worker resumes from the last checkpoint."""
+    with transaction.atomic():
+        updated = Run.objects.filter(
+            id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
+        ).update(status=Run.Status.QUEUED, lease_owner="", lease_expires_at=None,
+                 lease_epoch=F("lease_epoch") + 1, waiting_reason="", updated_at=timezone.now())
+        if not updated:
+            raise RunError("run_finished", "only queued, running or waiting runs can be re-queued")
+        event_record(run_id=run_id, kind="operator_requeued", by=by)
+        run_enqueue(run_id)
+    return Run.objects.get(id=run_id)

@@ -24,7 +24,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ("status",)
     search_fields = ("schema_name", "name")
     readonly_fields = ("schema_name", "created_at", "provisioned_at")
-    fields = ("schema_name", "name", "status", "created_at", "provisioned_at")
+    fields = ("schema_name", "name", "status", "max_in_flight", "created_at", "provisioned_at")
     inlines = [ApiKeyInline]
     actions = ["suspend", "reactivate"]
 

@@ -13,6 +13,8 @@ class Tenant(TenantMixin):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     provisioned_at = models.DateTimeField(null=True, blank=True)  # schema created and migrated
+    # Runs (and fan-out branches) handed to workers at once; empty: RUN_TENANT_MAX_IN_FLIGHT.
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True)
     # Schemas are created explicitly by tenant_create (it also migrates them).
     auto_create_schema = False
     auto_drop_schema = True

@@ -4,7 +4,7 @@ import json
 import urllib.request
 
 from runs.agents import Agent, RetryPolicy
-from runs.transitions import fail, finish, goto, sleep
+from runs.transitions import fail, fan_out, finish, goto, sleep
 
 # -- a loop that appends one ~200-byte message per step -------------------------------------
 chatter = Agent("chatter", version=1, logs=["messages"])
@@ -92,3 +92,30 @@ def nap(ctx, state):
     time.sleep(state.get("seconds", 0.2))
     n = state.get("n", 0) + 1
     return finish(n) if n >= state.get("count", 1_000_000) else goto("nap", update={"n": n})
+
+
+# -- fan-out: square each item on any worker, then sum in the join ----------------------------
+fanner = Agent("fanner", version=1, logs=["squares"])
+
+
+@fanner.step(start=True, next=["square", "total"])
+def spread(ctx, state):
+    return fan_out("square", list(range(state["count"])), then="total")
+
+
+@fanner.step(next=[])
+def square(ctx, state):
+    import time
+
+    time.sleep(state.get("seconds", 0))
+    return finish(ctx.item * ctx.item)
+
+
+@fanner.step(next=[])
+def total(ctx, state):
+    results = ctx.fan_out
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        return fail(f"{len(failed)} branches failed: {failed[0]}")
+    return finish({"branches": len(results), "total": sum(r.value for r in results)},
+                  append={"squares": [r.value for r in results]})

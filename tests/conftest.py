@@ -128,6 +128,14 @@ class Worker:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def pids(self) -> set[int]:
+        """The main process and its pool children."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        found = {self.process.pid}
+        if children.exists():
+            found |= {int(pid) for pid in children.read_text().split()}
+        return found
+
     def kill(self, sig=signal.SIGKILL):
         try:
             os.killpg(self.process.pid, sig)
@@ -230,11 +238,18 @@ def beat(celery_queue_clean, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def worker(celery_queue_clean, s3, beat):
-    """One worker process (and beat) for the whole session."""
-    process = Worker("session-worker", concurrency=2).wait_ready()
-    yield process
-    process.stop()
+def _session_worker(celery_queue_clean, s3, beat):
+    workers = [Worker("session-worker", concurrency=2).wait_ready()]
+    yield workers
+    workers[-1].stop()
+
+
+@pytest.fixture
+def worker(_session_worker):
+    """A worker process (and beat) shared by the session; restarted if a test killed it."""
+    if _session_worker[-1].process.poll() is not None:
+        _session_worker.append(Worker(f"session-worker-{len(_session_worker)}", 2).wait_ready())
+    return _session_worker[-1]
 
 
 @pytest.fixture

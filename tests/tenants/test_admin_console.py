@@ -44,3 +44,30 @@ def test_founder_suspends_and_reactivates_a_tenant(globex, globex_api):
         assert globex_api.get("/api/v1/runs").status_code == 200
     finally:
         tenant_reactivate(tenant=globex)
+
+
+def test_founder_sees_runs_of_a_chosen_tenant_with_their_leases_and_requeues_one(acme, globex):
+    from django_tenants.utils import tenant_context
+
+    from runs.models import Run, RunEvent
+    from runs.services import run_start
+
+    with tenant_context(globex):
+        stuck = run_start(agent="research", enqueue=False).run
+        Run.objects.filter(id=stuck.id).update(status="running", lease_owner="host-9:4242",
+                                               lease_epoch=7)
+    client = staff_client()
+    assert client.get("/admin/runs/run/tenant/globex/").status_code == 302
+    page = client.get("/admin/runs/run/").content.decode()
+    assert str(stuck.id) in page and "host-9:4242" in page and "Runs of tenant globex" in page
+    client.get("/admin/runs/run/tenant/acme/")
+    assert str(stuck.id) not in client.get("/admin/runs/run/").content.decode()
+
+    client.get("/admin/runs/run/tenant/globex/")
+    response = client.post("/admin/runs/run/", {"action": "requeue",
+                                                "_selected_action": [str(stuck.id)]})
+    assert response.status_code == 302
+    with tenant_context(globex):
+        run = Run.objects.get(id=stuck.id)
+        assert (run.status, run.lease_owner, run.lease_epoch) == ("queued", "", 8)
+        assert RunEvent.objects.get(run=run, kind="operator_requeued").data["by"] == "admin:founder"
