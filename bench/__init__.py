@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench NAME` runs one (see docs/benchmarks.md)."""

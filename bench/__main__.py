@@ -1,0 +1,26 @@
+"""`python -m bench NAME [options]`: run one benchmark against its own database."""
+
+import importlib
+import os
+import sys
+
+BENCHMARKS = {
+    "checkpoints": "bench.checkpoints",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: python -m bench {{{','.join(BENCHMARKS)}}} [options]  (NAME --help for more)",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    import django
+
+    django.setup()
+    module = importlib.import_module(BENCHMARKS[argv[0]])
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

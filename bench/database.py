@@ -1,0 +1,56 @@
+"""The benchmarks' databases: made anew on the PostgreSQL server the settings point at.
+
+Only databases whose name contains "bench" are ever dropped here.
+"""
+
+import psycopg
+from django.conf import settings
+from django.core.management import call_command
+
+
+def server_dsn(dbname: str) -> str:
+    """A libpq connection string for `dbname` on the server of Django's default database."""
+    db = settings.DATABASES["default"]
+    parts = {"host": db["HOST"] or "127.0.0.1", "port": db["PORT"] or 5432,
+             "user": db["USER"] or "postgres", "password": db["PASSWORD"], "dbname": dbname}
+    return " ".join(f"{k}={v}" for k, v in parts.items() if v)
+
+
+def server_url(dbname: str) -> str:
+    """The same as a URL (for clients that take only URLs)."""
+    db = settings.DATABASES["default"]
+    auth = db["USER"] or "postgres"
+    if db["PASSWORD"]:
+        auth += f":{db['PASSWORD']}"
+    return f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
+
+
+def _refuse_unless_bench(name: str) -> None:
+    if "bench" not in name:
+        raise ValueError(f"refusing to drop {name!r}: benchmark databases have 'bench' in their name")
+
+
+def database_recreate(name: str) -> None:
+    _refuse_unless_bench(name)
+    with psycopg.connect(server_dsn("postgres"), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+
+def database_drop(name: str) -> None:
+    _refuse_unless_bench(name)
+    with psycopg.connect(server_dsn("postgres"), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+def bench_database_prepare() -> None:
+    """Make the settings' database anew and migrate its shared (public) schema."""
+    from django.db import connections
+
+    connections.close_all()
+    database_recreate(settings.DATABASES["default"]["NAME"])
+    call_command("migrate_schemas", shared=True, interactive=False, verbosity=0)

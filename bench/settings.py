@@ -1,0 +1,20 @@
+"""Settings for `python -m bench`: the project's settings, on a database of the benchmarks' own.
+
+The database is dropped and made anew by each benchmark, so it is assigned here (from
+BENCH_DATABASE_URL), never taken from a developer's DATABASE_URL.
+"""
+
+import base64
+import os
+import secrets
+
+os.environ["DATABASE_URL"] = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentplatform_bench"
+)
+os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
+os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+from agentplatform.settings import *  # noqa: E402,F403
+
+DEBUG = False  # DEBUG keeps every query in memory: it would be measured too
