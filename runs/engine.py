@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -198,24 +199,35 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
     return ", ".join(sql), params
 
 
+def _prepared(sql: str, params: list[Any]) -> tuple | None:
+    """Execute on the raw connection as a server-side prepared statement: the hot path is
+    planned once per connection, and no `SET search_path` round trip precedes it (tables are
+    schema-qualified). Joins the surrounding transaction, if any."""
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone()
+
+
 def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields) -> bool:
     """Write a checkpoint, its new log entries and the run's counters in one statement, fenced
     on the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
     Returns whether a cancel was requested."""
     assignments, params = _run_assignments(run, run_fields)
     entries = position.pending_entries
+    schema = connection.schema_name
     sql = f"""
         WITH fence AS (
-            UPDATE {Run._meta.db_table} SET {assignments}
+            UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
              WHERE id = %s AND lease_epoch = %s
          RETURNING id, cancel_requested
         ), checkpoint AS (
-            INSERT INTO {Checkpoint._meta.db_table}
+            INSERT INTO "{schema}".{Checkpoint._meta.db_table}
                    (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
                     created_at)
             SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, now() FROM fence
         ), entries AS (
-            INSERT INTO {LogEntry._meta.db_table} (run_id, log, index, visit, value)
+            INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
             SELECT fence.id, e.log, e.index, %s, e.value::jsonb
               FROM fence, unnest(%s::text[], %s::int[], %s::text[]) AS e(log, index, value)
         )
@@ -229,9 +241,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
         [e.log for e in entries], [e.index for e in entries],
         [json.dumps(e.value) for e in entries],
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    row = _prepared(sql, params)
     if row is None:
         raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
                         f"(checkpoint {position.visit} not written)")

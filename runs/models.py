@@ -86,7 +86,9 @@ class RunEvent(models.Model):
 class Checkpoint(models.Model):
     """Where a run is after `visit` completed steps: next step, small state, log offsets."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    # db_index=False: the unique (run, visit) index already serves lookups by run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints",
+                            db_index=False)
     visit = models.PositiveIntegerField()
     step = models.CharField(max_length=100, null=True)  # next step to run; null when ended
     state = models.JSONField(default=dict)
@@ -104,7 +106,8 @@ class Checkpoint(models.Model):
 class LogEntry(models.Model):
     """One entry of a run's append-only log, stored once; checkpoints hold only offsets."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log_entries")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log_entries",
+                            db_index=False)  # the unique (run, log, index) index serves it
     log = models.CharField(max_length=64)
     index = models.PositiveIntegerField()
     visit = models.PositiveIntegerField()

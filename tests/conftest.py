@@ -7,7 +7,6 @@ test makes its own rows with fresh ids instead of relying on rollback.
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from django.db import connection, connections
 from django_tenants.utils import tenant_context
 from rest_framework.test import APIClient
 
+from agentplatform import localprocs
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,58 +98,11 @@ def globex_api():
     return api_client(os.environ["TEST_GLOBEX_KEY"])
 
 
-class Worker:
-    """A real `celery worker` process on the test queue."""
+LOGS = ROOT / ".dev" / "test-logs"
 
-    def __init__(self, name: str, concurrency: int = 1):
-        self.name = name
-        self.log_path = ROOT / ".dev" / "test-logs" / f"{name}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "agentplatform", "worker", "-l", "info",
-             "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"{name}@%h", "--pool", "prefork",
-             "-c", str(concurrency), "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
-    def wait_ready(self, timeout: float = 60.0):
-        from agentplatform.celery import app
-
-        def answers():
-            assert self.process.poll() is None, f"worker {self.name} exited: {self.log_tail()}"
-            replies = app.control.ping(timeout=0.5) or []
-            return any(self.name in host for reply in replies for host in reply)
-
-        wait_for(answers, timeout=timeout, interval=0.2, what=f"worker {self.name} to answer")
-        return self
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def pids(self) -> set[int]:
-        """The main process and its pool children."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        found = {self.process.pid}
-        if children.exists():
-            found |= {int(pid) for pid in children.read_text().split()}
-        return found
-
-    def kill(self, sig=signal.SIGKILL):
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=30)
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+def Worker(name: str, concurrency: int = 1) -> localprocs.Worker:  # noqa: N802
+    return localprocs.Worker(name, concurrency, log_dir=LOGS)
 
 
 @pytest.fixture(scope="session")
@@ -211,28 +164,9 @@ def s3(tmp_path_factory):
         server.stop()
 
 
-class Beat:
-    """A real `celery beat` process: the watchdog and dispatcher tick."""
-
-    def __init__(self, schedule_dir: Path):
-        self.log_path = ROOT / ".dev" / "test-logs" / "beat.log"
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "agentplatform", "beat", "-l", "info",
-             "-s", str(schedule_dir / "beat-schedule"), "--pidfile", ""],
-            cwd=ROOT, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=15)
-
-
 @pytest.fixture(scope="session")
 def beat(celery_queue_clean, tmp_path_factory):
-    process = Beat(tmp_path_factory.mktemp("beat"))
+    process = localprocs.Beat(tmp_path_factory.mktemp("beat"), log_dir=LOGS)
     yield process
     process.stop()
 

@@ -5,6 +5,7 @@ from django_tenants.utils import tenant_context
 from agentplatform.celery import app
 from runs.models import Run
 from runs.services import run_start
+from runs.tasks import run_status
 
 
 def test_acme_run_is_invisible_to_globex_through_the_orm(acme, globex):
@@ -35,9 +36,9 @@ def test_acme_run_is_404_with_globex_key(acme, acme_api, globex_api):
 def test_task_carrying_globex_schema_cannot_see_acme_run_in_a_real_worker(acme, globex, worker):
     with tenant_context(acme):
         run = run_start(agent="research", input={}, enqueue=False).run
-        seen_by_acme = app.tasks["runs.run_status"].apply_async(args=[str(run.id)]).get(timeout=30)
+        seen_by_acme = run_status.apply_async(args=[str(run.id)]).get(timeout=30)
     with tenant_context(globex):
-        seen_by_globex = app.tasks["runs.run_status"].apply_async(args=[str(run.id)]).get(timeout=30)
+        seen_by_globex = run_status.apply_async(args=[str(run.id)]).get(timeout=30)
     assert seen_by_acme == {"schema": "acme", "found": True, "status": "queued", "steps_taken": 0}
     assert seen_by_globex == {"schema": "globex", "found": False}
 
