@@ -6,6 +6,8 @@ import sys
 
 BENCHMARKS = {
     "checkpoints": "bench.checkpoints",
+    "recovery": "bench.recovery",
+    "fairness": "bench.fairness",
 }
 
 
