@@ -40,6 +40,7 @@ SHARED_APPS = [
 TENANT_APPS = [
     "django.contrib.contenttypes",
     "runs",
+    "retention",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
 
@@ -118,12 +119,25 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "retention-archive": {"task": "retention.archive_all_tenants",
+                          "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
+}
 
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
 RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
 RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+
+# -- retention: finished runs are archived to S3 after their TTL, then pruned -----------------
+# Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>.jsonl.gz.enc in S3_BUCKET.
+# Agents may declare their own policy (runs.agents.RetentionPolicy); these are the defaults.
+RETENTION_S3_PREFIX = env("RETENTION_S3_PREFIX", default="tenants")
+RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"
+RETENTION_TTL_DAYS = env.float("RETENTION_TTL_DAYS", default=30.0)
+RETENTION_ARCHIVE_REQUIRED = env.bool("RETENTION_ARCHIVE_REQUIRED", default=True)
+RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)  # runs per tenant per pass
 
 LOGGING = {
     "version": 1,
