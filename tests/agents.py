@@ -92,3 +92,14 @@ def nap(ctx, state):
     time.sleep(state.get("seconds", 0.2))
     n = state.get("n", 0) + 1
     return finish(n) if n >= state.get("count", 1_000_000) else goto("nap", update={"n": n})
+
+
+# -- chatter's steps under a shallow retention policy (only the latest checkpoint is kept) ----
+from datetime import timedelta  # noqa: E402
+
+from runs.agents import RetentionPolicy  # noqa: E402
+
+tidy = Agent("tidy", version=1, logs=["messages"],
+             retention=RetentionPolicy(history="shallow", ttl=timedelta(days=1)))
+tidy.step(start=True, next=["talk", "done"])(talk)
+tidy.step(next=[])(done)
