@@ -41,6 +41,7 @@ SHARED_APPS = [
 TENANT_APPS = [
     "django.contrib.contenttypes",
     "runs",
+    "retention",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
 
@@ -126,6 +127,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BEAT_SCHEDULE = {
     "dispatch-tick": {"task": "dispatch.tick",
                       "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
+    "retention-archive": {"task": "retention.archive_all_tenants",
+                          "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
 }
 
 # -- runs ------------------------------------------------------------------------------------
@@ -139,6 +142,15 @@ RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+
+# -- retention: finished runs are archived to S3 after their TTL, then pruned -----------------
+# Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>.jsonl.gz.enc in S3_BUCKET.
+# Agents may declare their own policy (runs.agents.RetentionPolicy); these are the defaults.
+RETENTION_S3_PREFIX = env("RETENTION_S3_PREFIX", default="tenants")
+RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"
+RETENTION_TTL_DAYS = env.float("RETENTION_TTL_DAYS", default=30.0)
+RETENTION_ARCHIVE_REQUIRED = env.bool("RETENTION_ARCHIVE_REQUIRED", default=True)
+RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)  # runs per tenant per pass
 
 LOGGING = {
     "version": 1,

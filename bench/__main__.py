@@ -8,6 +8,8 @@ BENCHMARKS = {
     "checkpoints": "bench.checkpoints",
     "recovery": "bench.recovery",
     "fairness": "bench.fairness",
+    "retention": "bench.retention",
+    "sandbox": "bench.sandbox",
 }
 
 
@@ -16,12 +18,13 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m bench {{{','.join(BENCHMARKS)}}} [options]  (NAME --help for more)",
               file=sys.stderr)
         return 2
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
-    import django
-
-    django.setup()
     module = importlib.import_module(BENCHMARKS[argv[0]])
-    return module.main(argv[1:])
+    if not getattr(module, "OWN_DJANGO_SETUP", False):  # else it picks its own database
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+        import django
+
+        django.setup()
+    return module.main(argv[1:]) or 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from .transitions import Transition
 
@@ -35,6 +36,24 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class RetentionPolicy:
+    """How a finished run's rows are kept (enforced by the retention app).
+
+    history: "full" keeps every checkpoint until the TTL; "shallow" keeps only the latest.
+    ttl: how long after the run ends its rows stay in the hot store.
+    archive_required: archive to S3 before pruning (False: prune without an archive).
+    """
+
+    history: str = "full"
+    ttl: timedelta = timedelta(days=30)
+    archive_required: bool = True
+
+    def __post_init__(self):
+        if self.history not in ("full", "shallow"):
+            raise ValueError(f"retention history must be 'full' or 'shallow', not {self.history!r}")
+
+
+@dataclass(frozen=True)
 class Step:
     name: str
     fn: Callable[..., Transition]
@@ -49,6 +68,7 @@ class Agent:
     logs: Iterable[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     description: str = ""
+    retention: RetentionPolicy | None = None  # None: the RETENTION_* settings
     steps: dict[str, Step] = field(default_factory=dict, init=False)
     start: str | None = field(default=None, init=False)
 

@@ -119,3 +119,38 @@ def total(ctx, state):
         return fail(f"{len(failed)} branches failed: {failed[0]}")
     return finish({"branches": len(results), "total": sum(r.value for r in results)},
                   append={"squares": [r.value for r in results]})
+
+
+# -- chatter's steps under a shallow retention policy (only the latest checkpoint is kept) ----
+from datetime import timedelta  # noqa: E402
+
+from runs.agents import RetentionPolicy  # noqa: E402
+
+tidy = Agent("tidy", version=1, logs=["messages"],
+             retention=RetentionPolicy(history="shallow", ttl=timedelta(days=1)))
+tidy.step(start=True, next=["talk", "done"])(talk)
+tidy.step(next=[])(done)
+
+
+# -- a crash point for the retention tests: a worker SIGKILLs itself right after uploading the
+# archive of the run named in the marker file (before the Archive row and the prune commit).
+def _kill_after_upload(run_id) -> None:
+    import os
+    import signal
+    from pathlib import Path
+
+    marker = Path(__file__).resolve().parent.parent / ".dev" / "test-logs" / \
+        f"kill-after-upload-{os.environ.get('TEST_SLOT', '0')}"
+    if "celery" in " ".join(os.sys.argv) and marker.exists() and marker.read_text() == str(run_id):
+        marker.unlink()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install_crash_point() -> None:
+    from retention import services
+
+    if services.after_upload is None:
+        services.after_upload = _kill_after_upload
+
+
+_install_crash_point()

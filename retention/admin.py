@@ -1,0 +1,66 @@
+"""Operators' console (public schema): archive status, sizes and failures per tenant, read-only.
+Each row queries that tenant's schema."""
+
+from django.contrib import admin
+from django.db import DatabaseError
+from django.template.defaultfilters import filesizeformat
+from django_tenants.utils import schema_context
+
+from . import selectors
+from .models import TenantArchives
+
+
+@admin.register(TenantArchives)
+class TenantArchivesAdmin(admin.ModelAdmin):
+    list_display = ("schema_name", "status", "archived_runs", "archived_size", "discarded_runs",
+                    "failing_runs", "last_failure", "last_archived_at")
+    ordering = ("schema_name",)
+    fields = ("schema_name", "status")
+    readonly_fields = fields
+
+    def _summary(self, obj) -> dict:
+        if not hasattr(obj, "_archive_summary"):
+            try:
+                with schema_context(obj.schema_name):
+                    obj._archive_summary = selectors.archive_summary()
+            except DatabaseError:  # not provisioned, or not migrated yet
+                obj._archive_summary = {}
+        return obj._archive_summary
+
+    @admin.display(description="archived runs")
+    def archived_runs(self, obj):
+        return self._summary(obj).get("archived", "—")
+
+    @admin.display(description="archived size")
+    def archived_size(self, obj):
+        size = self._summary(obj).get("archived_bytes")
+        return "—" if size is None else filesizeformat(size)
+
+    @admin.display(description="pruned without archive")
+    def discarded_runs(self, obj):
+        return self._summary(obj).get("discarded", "—")
+
+    @admin.display(description="failing runs")
+    def failing_runs(self, obj):
+        return self._summary(obj).get("failing", "—")
+
+    @admin.display(description="last failure")
+    def last_failure(self, obj):
+        failure = self._summary(obj).get("last_failure")
+        if not failure:
+            return "—"
+        return (f"{failure['updated_at']:%Y-%m-%d %H:%M} run {failure['run_id']} "
+                f"(attempt {failure['attempts']}): {failure['error'][:200]}")
+
+    @admin.display(description="last archived")
+    def last_archived_at(self, obj):
+        return self._summary(obj).get("last_archived_at") or "—"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

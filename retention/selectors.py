@@ -1,0 +1,178 @@
+"""Retention reads: the policy that applies to a run, which runs are due, a run's rows in every
+table that hangs off Run, and the history shape that live and archived runs share."""
+
+import base64
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from uuid import UUID
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Count, Max, Min, Q, Sum
+from django.utils.duration import duration_iso_string
+
+from runs.agents import RetentionPolicy, UnknownAgent, registry
+from runs.models import Checkpoint, LogEntry, Run, RunEvent
+
+from .models import Archive, RunRetention
+
+
+def default_policy() -> RetentionPolicy:
+    return RetentionPolicy(history=settings.RETENTION_HISTORY,
+                           ttl=timedelta(days=settings.RETENTION_TTL_DAYS),
+                           archive_required=settings.RETENTION_ARCHIVE_REQUIRED)
+
+
+def agent_policy(*, agent: str, version: int) -> RetentionPolicy:
+    try:
+        return registry.get(agent, version).retention or default_policy()
+    except UnknownAgent:
+        return default_policy()
+
+
+def policy_for(*, agent: str, version: int, history: str | None = None,
+               ttl: timedelta | None = None, archive_required: bool | None = None) -> RetentionPolicy:
+    """The agent's policy (or the default), with the run's own non-null overrides on top."""
+    override = {"history": history, "ttl": ttl, "archive_required": archive_required}
+    return dataclasses.replace(agent_policy(agent=agent, version=version),
+                               **{k: v for k, v in override.items() if v is not None})
+
+
+def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]:
+    """Finished runs past their TTL, oldest first, with the policy that applies to each."""
+    ttls = [default_policy().ttl] + [a.retention.ttl for a in registry.all() if a.retention]
+    if shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]:
+        ttls.append(shortest_override)
+    candidates = (
+        Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls))
+        .order_by("finished_at")
+        .values_list("id", "agent", "agent_version", "finished_at", "retention_override__history",
+                     "retention_override__ttl", "retention_override__archive_required")
+    )
+    due = []
+    for run_id, agent, version, finished_at, history, ttl, archive_required in candidates.iterator():
+        policy = policy_for(agent=agent, version=version, history=history, ttl=ttl,
+                            archive_required=archive_required)
+        if finished_at + policy.ttl <= now:
+            due.append((run_id, policy))
+            if len(due) >= limit:
+                break
+    return due
+
+
+def shallow_runs() -> models.QuerySet:
+    """Runs (any status) whose policy keeps only the latest checkpoint."""
+    explicit = [a for a in registry.all() if a.retention]
+    by_agent = _of_agents(a for a in explicit if a.retention.history == "shallow")
+    if default_policy().history == "shallow":
+        by_agent |= ~_of_agents(explicit)
+    return Run.objects.filter(
+        (by_agent & ~Q(retention_override__history="full"))
+        | Q(retention_override__history="shallow")
+    )
+
+
+def _of_agents(agents) -> Q:
+    query = Q(pk__in=[])
+    for agent in agents:
+        query |= Q(agent=agent.name, agent_version=agent.version)
+    return query
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """A model whose rows point at a run: archived with it; deleted, or (SET_NULL) detached."""
+
+    model: type[models.Model]
+    field: models.ForeignKey
+    outlives_run: bool
+
+    @property
+    def name(self) -> str:
+        return self.model._meta.db_table
+
+
+def run_tables() -> list[RunTable]:
+    """Every table with a ForeignKey to Run, found at runtime so later apps' tables come along.
+    Forks (Run -> Run) are other runs: they are detached, not archived."""
+    return [
+        RunTable(rel.related_model, rel.field, outlives_run=rel.on_delete is models.SET_NULL)
+        for rel in Run._meta.related_objects
+        if not rel.many_to_many and rel.related_model is not Run
+    ]
+
+
+def run_rows(*, run_id: UUID) -> dict[str, list[dict]]:
+    """The run's row and its rows in every run table, as plain JSON-ready dicts, in pk order."""
+    rows = {Run._meta.db_table: list(Run.objects.filter(id=run_id).values())}
+    for table in run_tables():
+        found = table.model._default_manager.filter(**{table.field.attname: run_id})
+        rows[table.name] = list(found.order_by("pk").values())
+    return json.loads(json.dumps(rows, default=json_default))
+
+
+def json_default(value):
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return duration_iso_string(value)
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    if isinstance(value, bytes | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    raise TypeError(f"cannot archive a {type(value).__name__}")
+
+
+def _instances(model: type[models.Model], rows: list[dict]) -> list[models.Model]:
+    fields = model._meta.concrete_fields
+    return [model(**{f.attname: f.to_python(row[f.attname]) for f in fields if f.attname in row})
+            for row in rows]
+
+
+def history_from_rows(rows: dict[str, list[dict]]) -> dict:
+    """A run's history as the API shows it: run, events, checkpoints, log entries, and the rows
+    of any other run table under `related` (by table name)."""
+    from runs.api import CheckpointSerializer, EventSerializer, RunSerializer
+
+    rows = dict(rows)
+    run_rows_ = rows.pop(Run._meta.db_table)
+    events = sorted(_instances(RunEvent, rows.pop(RunEvent._meta.db_table, [])), key=lambda e: e.id)
+    checkpoints = sorted(_instances(Checkpoint, rows.pop(Checkpoint._meta.db_table, [])),
+                         key=lambda c: c.visit)
+    entries = sorted(rows.pop(LogEntry._meta.db_table, []), key=lambda e: (e["log"], e["index"]))
+    return {
+        "run": RunSerializer(_instances(Run, run_rows_)[0]).data,
+        "events": EventSerializer(events, many=True).data,
+        "checkpoints": CheckpointSerializer(checkpoints, many=True).data,
+        "log_entries": [{k: e[k] for k in ("log", "index", "visit", "value")} for e in entries],
+        "related": rows,
+    }
+
+
+def run_history(*, run_id: UUID) -> dict:
+    """A live run's history in the shape a restored archive has."""
+    return history_from_rows(run_rows(run_id=run_id))
+
+
+def archive_summary() -> dict:
+    """Per-tenant figures for operators (call inside the tenant's schema)."""
+    figures = Archive.objects.aggregate(
+        archived=Count("id", filter=Q(status=Archive.Status.ARCHIVED)),
+        archived_bytes=Sum("size", filter=Q(status=Archive.Status.ARCHIVED), default=0),
+        discarded=Count("id", filter=Q(status=Archive.Status.DISCARDED)),
+        failing=Count("id", filter=Q(status=Archive.Status.FAILED)),
+        last_archived_at=Max("archived_at"),
+    )
+    failure = (Archive.objects.filter(status=Archive.Status.FAILED).order_by("-updated_at")
+               .values("run_id", "error", "updated_at", "attempts").first())
+    return {**figures, "last_failure": failure}
+
+
+def iter_lines(body: bytes) -> Iterator[dict]:
+    for line in body.splitlines():
+        if line:
+            yield json.loads(line)

@@ -1,0 +1,58 @@
+"""The archive store: S3 objects written, read back and checked. Any S3 failure is one error."""
+
+import hashlib
+
+from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
+
+from agentplatform.s3 import s3_client
+
+from .envelope import ArchiveCorrupt, ArchiveError
+
+
+class ArchiveStoreUnavailable(ArchiveError):
+    code = "archive_store_unavailable"
+
+
+def object_key_for(*, schema: str, run_id) -> str:
+    return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}.jsonl.gz.enc"
+
+
+def object_put_verified(*, key: str, blob: bytes) -> str:
+    """Upload, read back, and return the sha256 once the stored bytes are the uploaded ones."""
+    digest = hashlib.sha256(blob).hexdigest()
+    client = s3_client()
+    try:
+        client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=blob,
+                          ContentType="application/octet-stream", Metadata={"sha256": digest})
+        stored = client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
+    except (BotoCoreError, ClientError) as exc:
+        raise ArchiveStoreUnavailable(f"S3 could not store {key}: {exc}") from exc
+    if hashlib.sha256(stored).hexdigest() != digest:
+        raise ArchiveCorrupt(f"{key}: the object read back ({len(stored)} bytes) is not the one "
+                             f"uploaded ({len(blob)} bytes)")
+    return digest
+
+
+def object_get(*, key: str) -> bytes:
+    try:
+        return s3_client().get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise ArchiveCorrupt(f"{key}: the archive object is missing from the bucket") from exc
+        raise ArchiveStoreUnavailable(f"S3 could not read {key}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise ArchiveStoreUnavailable(f"S3 could not read {key}: {exc}") from exc
+
+
+def objects_under(*, prefix: str) -> list[str]:
+    """Keys under a prefix (operators' and tests' view of what is stored)."""
+    keys, token = [], None
+    client = s3_client()
+    while True:
+        page = client.list_objects_v2(Bucket=settings.S3_BUCKET, Prefix=prefix,
+                                      **({"ContinuationToken": token} if token else {}))
+        keys += [item["Key"] for item in page.get("Contents", [])]
+        if not page.get("IsTruncated"):
+            return keys
+        token = page["NextContinuationToken"]

@@ -1,0 +1,120 @@
+"""Archive -> prune -> restore: the history comes back as it was; nothing else is touched."""
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.utils import timezone
+
+from agentplatform.s3 import s3_client
+from retention import selectors, services
+from retention.models import Archive
+from runs.models import Checkpoint, LogEntry, Run, RunEvent
+from runs.services import run_start
+from tests.retention.conftest import run_finished
+
+
+def hot_rows(run_id) -> dict[str, int]:
+    counts = {"runs_run": Run.objects.filter(id=run_id).count()}
+    for table in selectors.run_tables():
+        counts[table.name] = table.model._default_manager.filter(**{table.field.attname: run_id}).count()
+    return counts
+
+
+def without_archive(history: dict) -> dict:
+    return {k: v for k, v in history.items() if k != "archive"}
+
+
+def test_archived_run_restores_to_its_original_history(archive_pass, in_acme, acme_api):
+    run = run_finished(steps=8)
+    services.run_retention_set(run_id=run.id, ttl=timedelta(days=7))  # a row in another table
+    live = selectors.run_history(run_id=run.id)
+    live_events = acme_api.get(f"/api/v1/runs/{run.id}/events").json()["results"]
+    live_checkpoints = acme_api.get(f"/api/v1/runs/{run.id}/checkpoints").json()["results"]
+    connection.set_tenant(in_acme)  # the API request ended in the public schema
+    assert len(live["checkpoints"]) == 10 and len(live["log_entries"]) == 8
+    assert live["related"]["retention_runretention"][0]["ttl"] == "P7DT00H00M00S"
+
+    report = archive_pass()
+
+    assert report.archived >= 1 and report.failed == 0
+    assert set(hot_rows(run.id).values()) == {0}
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived"
+    assert archive.object_key == f"tenants/acme/archives/{run.id}.jsonl.gz.enc"
+    assert archive.counts == {"runs_run": 1, "runs_runevent": 2, "runs_checkpoint": 10,
+                              "runs_logentry": 8, "retention_runretention": 1}
+    stored = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=archive.object_key)["Body"].read()
+    assert len(stored) == archive.size and b"message 000001" not in stored  # encrypted
+
+    restored = services.archive_restore(tenant=in_acme, run_id=run.id)
+    assert without_archive(restored) == live
+    response = acme_api.get(f"/api/v1/runs/{run.id}/archive")
+    connection.set_tenant(in_acme)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["events"] == live_events and body["checkpoints"] == live_checkpoints
+    assert body["run"]["id"] == str(run.id) and body["run"]["status"] == "succeeded"
+    assert body["archive"]["sha256"] == archive.sha256
+    assert acme_api.get(f"/api/v1/runs/{run.id}").status_code == 404  # no longer hot
+
+
+def test_a_second_pass_finds_nothing_to_do_and_changes_nothing(archive_pass):
+    run = run_finished()
+    archive_pass()
+    before = Archive.objects.get(run_id=run.id)
+    report = archive_pass()
+    assert Archive.objects.filter(run_id=run.id).count() == 1
+    assert Archive.objects.get(run_id=run.id).sha256 == before.sha256
+    assert report.failed == 0
+
+
+def test_unfinished_runs_and_runs_within_ttl_are_never_touched(archive_pass):
+    queued = run_start(agent="chatter", input={"steps": 3}, enqueue=False).run
+    Run.objects.filter(id=queued.id).update(created_at=timezone.now() - timedelta(days=400))
+    waiting = run_finished(steps=2)
+    Run.objects.filter(id=waiting.id).update(status=Run.Status.WAITING)
+    recent = run_finished(steps=2, age=timedelta(days=29))
+    kept_longer = run_finished(steps=2)
+    services.run_retention_set(run_id=kept_longer.id, ttl=timedelta(days=90))
+    before = {run.id: hot_rows(run.id) for run in (queued, waiting, recent, kept_longer)}
+
+    archive_pass()
+
+    for run_id, counts in before.items():
+        assert hot_rows(run_id) == counts
+        assert not Archive.objects.filter(run_id=run_id).exists()
+
+
+def test_agent_policy_without_archive_prunes_without_an_object(archive_pass):
+    run = run_finished()
+    services.run_retention_set(run_id=run.id, archive_required=False)
+    archive_pass()
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "discarded" and archive.object_key == "" and archive.counts["runs_run"] == 1
+    assert set(hot_rows(run.id).values()) == {0}
+
+
+def test_restore_command_prints_the_history(archive_pass, capsys):
+    run = run_finished(steps=3)
+    live = selectors.run_history(run_id=run.id)
+    archive_pass()
+    connection.set_schema_to_public()
+    call_command("restore_archive", "acme", str(run.id))
+    printed = capsys.readouterr().out
+    assert f'"id": "{run.id}"' in printed and '"run_succeeded"' in printed
+    assert printed.count('"visit"') >= len(live["checkpoints"])
+    with pytest.raises(CommandError, match="not_found"):
+        call_command("restore_archive", "globex", str(run.id))
+
+
+def test_append_only_guard_still_refuses_outside_the_prune_path(in_acme):
+    from django.db import DatabaseError, transaction
+
+    run = run_finished(steps=1)
+    for model in (RunEvent, Checkpoint, LogEntry):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            model.objects.filter(run_id=run.id).delete()
