@@ -208,6 +208,7 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
              "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     if workspace is not None:
         argv += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # bwrap's own tmpfs root and /dev
     cpu = max(1, int(limits.cpu_seconds))
     argv += [
         "--", "/usr/bin/prlimit",
@@ -305,10 +306,9 @@ def sandbox_execute(*, workspace: Path, command: str | list[str], limits: Limits
     sandbox_probe()
     argv = _command_argv(command)
     workspace.mkdir(parents=True, exist_ok=True)
-    uid = host_uid()
-    if files:
-        workspace_write(workspace, files, uid=uid)
     before = workspace_listing(workspace)
+    if files:
+        workspace_write(workspace, files, uid=host_uid())
     # Over quota means over the limit and grown by this command (a full workspace can still run).
     quota = max(limits.workspace_bytes, workspace_bytes(workspace))
     started = time.monotonic()
