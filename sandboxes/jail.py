@@ -139,6 +139,10 @@ def _probe_reason(bwrap: str) -> str:
         return ""
     said = done.stderr.decode(errors="replace").strip()[-500:]
     lowered = said.lower()
+    if "can't find source path" in lowered:
+        return (f"sandboxes are unavailable on this host: bubblewrap (as host uid {host_uid()}) "
+                f"cannot reach a path it mounts: {said}. SANDBOX_WORKSPACE_ROOT and its parents "
+                "must be searchable by that uid (see deploy/sandbox-hosts.md)")
     if "user namespace" in lowered or "uid map" in lowered or "no permissions to creat" in lowered \
             or "operation not permitted" in lowered or "permission denied" in lowered:
         feature = ("unprivileged user namespaces (kernel: CONFIG_USER_NS; sysctls "
