@@ -224,9 +224,8 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
     return argv
 
 
-def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
-    """relative path -> (mode, size, mtime_ns) for every entry, not following symlinks."""
-    listing: dict[str, tuple[int, int, int]] = {}
+def _workspace_entries(workspace: Path):
+    """(relative path, lstat) of every entry below `workspace`; symlinks are never followed."""
     stack = [workspace]
     while stack:
         directory = stack.pop()
@@ -239,31 +238,19 @@ def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            rel = os.path.relpath(entry.path, workspace)
-            listing[rel] = (info.st_mode, info.st_size, info.st_mtime_ns)
+            yield os.path.relpath(entry.path, workspace), info
             if entry.is_dir(follow_symlinks=False):
                 stack.append(Path(entry.path))
-    return listing
+
+
+def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
+    """relative path -> (mode, size, mtime_ns) for every entry."""
+    return {rel: (info.st_mode, info.st_size, info.st_mtime_ns)
+            for rel, info in _workspace_entries(workspace)}
 
 
 def workspace_bytes(workspace: Path) -> int:
-    total = 0
-    stack = [workspace]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            total += info.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-    return total
+    return sum(info.st_blocks * 512 for _, info in _workspace_entries(workspace))
 
 
 def _command_argv(command: str | list[str]) -> list[str]:
