@@ -42,6 +42,7 @@ TENANT_APPS = [
     "django.contrib.contenttypes",
     "runs",
     "retention",
+    "sandboxes",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
 
@@ -151,6 +152,23 @@ RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"
 RETENTION_TTL_DAYS = env.float("RETENTION_TTL_DAYS", default=30.0)
 RETENTION_ARCHIVE_REQUIRED = env.bool("RETENTION_ARCHIVE_REQUIRED", default=True)
 RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)  # runs per tenant per pass
+
+# -- sandboxes: bubblewrap jails for tenant code (docs/sandboxes.md) ---------------------------
+SANDBOX_BWRAP = env("SANDBOX_BWRAP", default="bwrap")
+# Local working copies of run workspaces; the durable copy is the encrypted snapshot in S3.
+SANDBOX_WORKSPACE_ROOT = env("SANDBOX_WORKSPACE_ROOT", default=str(BASE_DIR / ".dev" / "workspaces"))
+# Host uid bwrap runs as; -1: the worker's own, or 65534 (nobody) when the worker is root.
+SANDBOX_HOST_UID = env.int("SANDBOX_HOST_UID", default=-1)
+SANDBOX_TIMEOUT_SECONDS = env.float("SANDBOX_TIMEOUT_SECONDS", default=60.0)
+SANDBOX_TIMEOUT_MAX_SECONDS = env.float("SANDBOX_TIMEOUT_MAX_SECONDS", default=900.0)
+SANDBOX_CPU_SECONDS = env.int("SANDBOX_CPU_SECONDS", default=60)
+SANDBOX_MEMORY_BYTES = env.int("SANDBOX_MEMORY_BYTES", default=1024 * 1024 * 1024)
+SANDBOX_PROCESSES = env.int("SANDBOX_PROCESSES", default=64)
+SANDBOX_OPEN_FILES = env.int("SANDBOX_OPEN_FILES", default=256)
+SANDBOX_FILE_SIZE_BYTES = env.int("SANDBOX_FILE_SIZE_BYTES", default=64 * 1024 * 1024)
+SANDBOX_WORKSPACE_MAX_BYTES = env.int("SANDBOX_WORKSPACE_MAX_BYTES", default=256 * 1024 * 1024)
+SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
+SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -282,6 +282,21 @@ class StepContext:
         self.attempt = attempt
         self._logs = logs
         self._writer = writer
+        self._sandbox = None
+
+    @property
+    def sandbox(self):
+        """The run's jailed workspace (sandboxes/), opened on first use in this step."""
+        if self._sandbox is None:
+            from sandboxes.services import SandboxSession
+
+            self._sandbox = SandboxSession(run_id=self.run_id, visit=self.visit)
+        return self._sandbox
+
+    def step_completed(self) -> None:
+        """The step returned a transition: make its sandbox work durable (workspace snapshot)."""
+        if self._sandbox is not None:
+            self._sandbox.step_completed()
 
     def log(self, name: str) -> LogView:
         return self._logs[name]
@@ -393,6 +408,7 @@ class Harness:
                 transition = step.fn(ctx, State(position.state, logs))
                 if not isinstance(transition, Transition):
                     raise StepError(f"step {step.name!r} returned {transition!r}, not a transition")
+                ctx.step_completed()
                 return transition
             except (StepError, LeaseLost):
                 raise

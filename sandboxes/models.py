@@ -1,0 +1,51 @@
+"""Sandbox records (tenant schema): each sandboxed command a step ran, and workspace snapshots."""
+
+from django.db import models
+
+
+class SandboxExecution(models.Model):
+    """One `ctx.sandbox.run()`, keyed like effects: (run, step visit, name).
+
+    `durable` becomes true once the workspace it left is in a snapshot (or it changed nothing
+    since the last one); only then may a re-run step on another worker replay it.
+    """
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="sandbox_executions")
+    visit = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    command = models.JSONField()
+    exit_code = models.IntegerField()
+    limit = models.CharField(max_length=16, blank=True, default="")
+    stdout = models.TextField(blank=True, default="")
+    stderr = models.TextField(blank=True, default="")
+    stdout_truncated = models.BooleanField(default=False)
+    stderr_truncated = models.BooleanField(default=False)
+    changed_files = models.JSONField(default=list)
+    deleted_files = models.JSONField(default=list)
+    duration_ms = models.FloatField(default=0.0)
+    durable = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "visit", "name"],
+                                    name="sandbox_execution_run_visit_name_unique")
+        ]
+
+
+class WorkspaceSnapshot(models.Model):
+    """The run's workspace as the step at `visit` left it: tar.gz, AES-256-GCM, in S3."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="workspace_snapshots")
+    visit = models.PositiveIntegerField()
+    object_key = models.CharField(max_length=400)
+    key_version = models.PositiveIntegerField()
+    size_bytes = models.BigIntegerField()
+    file_count = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)  # of the stored (encrypted) object
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "visit"], name="workspace_snapshot_run_visit_unique")
+        ]

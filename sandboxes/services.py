@@ -1,0 +1,297 @@
+"""Sandbox verbs: run a step's command in its run's jail (recorded, replayed on re-run), and keep
+the run's workspace durable as encrypted snapshots in S3.
+
+A run's workspace lives on the worker under SANDBOX_WORKSPACE_ROOT/<schema>/<run id>/; the
+truth is the newest `WorkspaceSnapshot`. Beside the workspace, `meta.json` says which snapshot
+the local copy was restored from or saved as, and whether a process has changed it since.
+Before a step's first sandbox command, a local copy that is not exactly that snapshot (another
+worker moved the run on, or a killed worker left half a step in it) is replaced by a restore.
+
+A recorded command is replayed (not run again) when its workspace changes are known to be in
+the local copy: it is `durable` (its step's snapshot was taken), or this process ran it.
+"""
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.conf import settings
+from django.db import connection
+
+from agentplatform.s3 import s3_client
+
+from .jail import (
+    Limits,
+    SandboxError,
+    SandboxResult,
+    host_uid,
+    sandbox_execute,
+    sandbox_probe,
+    workspace_chown,
+)
+from .models import SandboxExecution, WorkspaceSnapshot
+
+SNAPSHOT_MAGIC = b"APWS1\n"
+_process_token: tuple[int, str] | None = None
+
+
+def process_token() -> str:
+    """Names this process in meta.json; new after a fork, so prefork children differ."""
+    global _process_token
+    if _process_token is None or _process_token[0] != os.getpid():
+        _process_token = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    return _process_token[1]
+
+
+def run_dir(*, schema: str, run_id: UUID) -> Path:
+    return Path(settings.SANDBOX_WORKSPACE_ROOT) / schema / str(run_id)
+
+
+def snapshot_object_key(*, schema: str, run_id: UUID, visit: int) -> str:
+    return f"tenants/{schema}/workspaces/{run_id}/{visit}.tar.gz.enc"
+
+
+def _associated_data(schema: str, run_id: UUID, visit: int) -> bytes:
+    return f"agentplatform workspace|{schema}|{run_id}|{visit}".encode()
+
+
+def _tenant(schema: str):
+    from tenants.models import Tenant
+
+    return Tenant.objects.get(schema_name=schema)
+
+
+# -- local copy --------------------------------------------------------------------------------
+
+class LocalWorkspace:
+    """The run's workspace directory on this worker and its meta.json."""
+
+    def __init__(self, *, schema: str, run_id: UUID):
+        self.dir = run_dir(schema=schema, run_id=run_id)
+        self.path = self.dir / "workspace"
+        self.meta_path = self.dir / "meta.json"
+
+    def meta(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def meta_write(self, **meta) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.meta_path)
+
+    def reset(self) -> None:
+        """An empty workspace only the jail's host uid can enter."""
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir.parent, 0o711)
+        os.chmod(self.dir, 0o711)
+        self.path.mkdir(mode=0o700)
+        uid = host_uid()
+        if uid is not None:
+            workspace_chown(self.path, uid)
+
+
+def workspace_pack(path: Path) -> tuple[bytes, int]:
+    """tar.gz of the workspace (symlinks stored as links, never followed); and its file count."""
+    buffer = io.BytesIO()
+    count = 0
+
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for entry in sorted(path.iterdir()):
+            tar.add(entry, arcname=entry.name, recursive=True, filter=anonymous)
+        count = sum(1 for member in tar.getmembers() if member.isfile())
+    return buffer.getvalue(), count
+
+
+def _skip_unsafe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        return None  # e.g. a link the jail pointed outside its workspace: not restored
+
+
+def workspace_unpack(data: bytes, path: Path) -> None:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(path, filter=_skip_unsafe)
+
+
+def snapshot_seal(data: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int) -> bytes:
+    nonce = os.urandom(12)
+    return SNAPSHOT_MAGIC + nonce + AESGCM(key).encrypt(
+        nonce, data, _associated_data(schema, run_id, visit))
+
+
+def snapshot_open(blob: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int) -> bytes:
+    if not blob.startswith(SNAPSHOT_MAGIC):
+        raise SandboxError("workspace snapshot has an unknown format")
+    body = blob[len(SNAPSHOT_MAGIC):]
+    return AESGCM(key).decrypt(body[:12], body[12:], _associated_data(schema, run_id, visit))
+
+
+def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path) -> WorkspaceSnapshot:
+    """Compress, encrypt (tenant data key; tenant, run and visit as associated data) and upload
+    the workspace; record it. Re-taking the snapshot of a visit replaces it."""
+    from tenants.services import data_key_get
+
+    data, count = workspace_pack(path)
+    version, key = data_key_get(tenant=_tenant(schema))
+    blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit)
+    object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit)
+    s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
+                           Metadata={"key-version": str(version)})
+    snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
+        run_id=run_id, visit=visit,
+        defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
+                  "file_count": count, "sha256": hashlib.sha256(blob).hexdigest()},
+    )
+    return snapshot
+
+
+def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -> None:
+    """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`."""
+    from tenants.services import data_key_get
+
+    blob = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=snapshot.object_key)["Body"].read()
+    if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
+        raise SandboxError(f"workspace snapshot {snapshot.object_key} does not match its record")
+    _, key = data_key_get(tenant=_tenant(schema), version=snapshot.key_version)
+    data = snapshot_open(blob, key=key, schema=schema, run_id=snapshot.run_id, visit=snapshot.visit)
+    workspace_unpack(data, path)
+    uid = host_uid()
+    if uid is not None:
+        workspace_chown(path, uid)
+
+
+# -- what a step sees: ctx.sandbox -----------------------------------------------------------
+
+def _recorded_command(command: str | list[str], files: dict[str, str | bytes] | None) -> dict:
+    digest = hashlib.sha256()
+    for name in sorted(files or {}):
+        content = files[name]
+        digest.update(name.encode() + b"\0")
+        digest.update(content.encode() if isinstance(content, str) else content)
+        digest.update(b"\0")
+    return {"command": command, "files": digest.hexdigest() if files else None}
+
+
+def _result_of(row: SandboxExecution) -> SandboxResult:
+    return SandboxResult(
+        exit_code=row.exit_code, stdout=row.stdout, stderr=row.stderr, limit=row.limit or None,
+        stdout_truncated=row.stdout_truncated, stderr_truncated=row.stderr_truncated,
+        changed_files=row.changed_files, deleted_files=row.deleted_files,
+        duration_ms=row.duration_ms, replayed=True,
+    )
+
+
+class SandboxSession:
+    """`ctx.sandbox` for one attempt of one step (one visit) of a run."""
+
+    def __init__(self, *, run_id: UUID, visit: int, schema: str | None = None):
+        self.run_id, self.visit = run_id, visit
+        self.schema = schema or connection.schema_name
+        self.local = LocalWorkspace(schema=self.schema, run_id=run_id)
+        self._calls = 0
+        self._ready = False
+
+    def run(self, command: str | list[str], *, files: dict[str, str | bytes] | None = None,
+            timeout: float | None = None, name: str | None = None) -> SandboxResult:
+        """Run `command` (a shell string, or argv) jailed in the run's workspace, after writing
+        `files` (relative path -> content) into it. Recorded as (run, visit, name); `name`
+        defaults to the call's order in the step (`sandbox-1`, `sandbox-2`, …)."""
+        self._calls += 1
+        name = name or f"sandbox-{self._calls}"
+        recorded = _recorded_command(command, files)
+        row = SandboxExecution.objects.filter(run_id=self.run_id, visit=self.visit, name=name).first()
+        if row is not None:
+            if row.command != recorded:
+                raise SandboxError(
+                    f"sandbox call {name!r} at visit {self.visit} was recorded with another "
+                    "command or files; give each distinct call its own name")
+            self._ensure_workspace()
+            if row.durable or row.id in (self.local.meta() or {}).get("applied", []):
+                return _result_of(row)
+            row.delete()  # ran by a worker that died before its step's snapshot: run it again
+        if timeout is not None and not 0 < timeout <= settings.SANDBOX_TIMEOUT_MAX_SECONDS:
+            raise SandboxError(
+                f"timeout must be in (0, {settings.SANDBOX_TIMEOUT_MAX_SECONDS}] seconds")
+        sandbox_probe()  # fail closed before touching the workspace
+        self._ensure_workspace()
+        meta = self.local.meta()
+        was_dirty = meta["dirty_by"] is not None
+        self.local.meta_write(**{**meta, "dirty_by": process_token()})
+        result = sandbox_execute(workspace=self.local.path, command=command, files=files,
+                                 limits=Limits.from_settings(timeout=timeout))
+        row = SandboxExecution.objects.create(
+            run_id=self.run_id, visit=self.visit, name=name, command=recorded,
+            exit_code=result.exit_code, limit=result.limit or "", stdout=result.stdout,
+            stderr=result.stderr, stdout_truncated=result.stdout_truncated,
+            stderr_truncated=result.stderr_truncated, changed_files=result.changed_files,
+            deleted_files=result.deleted_files, duration_ms=result.duration_ms,
+        )
+        changed = bool(files or result.changed_files or result.deleted_files)
+        self.local.meta_write(**{
+            **meta, "applied": meta["applied"] + [row.id],
+            "dirty_by": process_token() if (was_dirty or changed) else None,
+        })
+        return result
+
+    def read(self, path: str) -> bytes:
+        """A file of the workspace, as the step's commands left it."""
+        self._ensure_workspace()
+        root = self.local.path.resolve()
+        target = (root / path).resolve()
+        if not target.is_relative_to(root):
+            raise SandboxError(f"{path!r} is outside the workspace")
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as source:
+            return source.read(settings.SANDBOX_WORKSPACE_MAX_BYTES)
+
+    def step_completed(self) -> WorkspaceSnapshot | None:
+        """The step returned: snapshot the workspace if it changed, then its calls are durable."""
+        if not self._calls:
+            return None
+        snapshot = None
+        meta = self.local.meta()
+        if meta is not None and meta["dirty_by"] is not None:
+            snapshot = workspace_snapshot(schema=self.schema, run_id=self.run_id, visit=self.visit,
+                                          path=self.local.path)
+            self.local.meta_write(snapshot=snapshot.sha256, dirty_by=None, applied=[])
+        SandboxExecution.objects.filter(run_id=self.run_id, visit=self.visit,
+                                        durable=False).update(durable=True)
+        return snapshot
+
+    def _ensure_workspace(self) -> None:
+        """Make the local copy exactly the newest snapshot, unless this process is working in it."""
+        if self._ready:
+            return
+        latest = WorkspaceSnapshot.objects.filter(run_id=self.run_id).order_by("-visit").first()
+        expected = latest.sha256 if latest else None
+        meta = self.local.meta()
+        current = (meta is not None and self.local.path.is_dir()
+                   and meta.get("snapshot") == expected
+                   and meta.get("dirty_by") in (None, process_token()))
+        if not current:
+            self.local.reset()
+            if latest is not None:
+                workspace_restore(schema=self.schema, snapshot=latest, path=self.local.path)
+            self.local.meta_write(snapshot=expected, dirty_by=None, applied=[])
+        self._ready = True
+

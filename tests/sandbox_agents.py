@@ -1,0 +1,42 @@
+"""Agents for the sandbox tests: each step runs a list of commands in the run's jail."""
+
+import os
+
+from runs.agents import Agent, RetryPolicy
+from runs.transitions import finish, goto
+
+# input: {"steps": [[command, ...], ...]}; a command is a shell string or
+# {"command": ..., "files": {...}, "timeout": s, "name": ..., "block_while": host path}
+# ("block_while": while that host file exists the command ends with a long sleep, so a test
+# can kill the worker mid-command).
+sandboxed = Agent("sandboxed", version=1, logs=["results"],
+                  retry=RetryPolicy(max_attempts=3, initial_backoff=0.01))
+
+
+def summary(result) -> dict:
+    return {"exit_code": result.exit_code, "limit": result.limit, "stdout": result.stdout[-4000:],
+            "stderr": result.stderr[-1000:], "changed": result.changed_files,
+            "replayed": result.replayed}
+
+
+@sandboxed.step(start=True, next=["work", "done"])
+def work(ctx, state):
+    i = state.get("i", 0)
+    results = []
+    for spec in state["steps"][i]:
+        spec = {"command": spec} if isinstance(spec, str) else dict(spec)
+        command = spec["command"]
+        if spec.get("block_while") and os.path.exists(spec["block_while"]):
+            command += "; sleep 300"
+        result = ctx.sandbox.run(command, files=spec.get("files"), timeout=spec.get("timeout"),
+                                 name=spec.get("name"))
+        results.append(summary(result))
+    if state.get("break_after_sandbox_at") == i and ctx.attempt == 1:
+        raise RuntimeError("the step broke after its sandbox work")
+    nxt = "done" if i + 1 >= len(state["steps"]) else "work"
+    return goto(nxt, update={"i": i + 1}, append={"results": [results]})
+
+
+@sandboxed.step(next=[])
+def done(ctx, state):
+    return finish({"results": list(state.log("results"))})
