@@ -1,0 +1,73 @@
+"""The connector interface: how the effect ledger talks to the world.
+
+The ledger (effects/) decides *whether* to call a connector; a connector only knows *how*.
+It gets a `Call` with a stable idempotency key derived from (run, step visit, effect name)
+and returns a JSON-serialisable result, or raises `ConnectorError`.
+"""
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class Call:
+    tenant: str  # schema name
+    run_id: UUID
+    effect: str  # the effect's name within its step visit
+    idempotency_key: str
+    args: dict[str, Any]
+    credentials: dict[str, Any] = field(default_factory=dict, repr=False)  # never logged
+
+
+class ConnectorError(Exception):
+    """The receiver refused or failed. `retryable`: trying again may succeed; `sent`: the
+    request may have reached the receiver (so a blind retry could act twice)."""
+
+    def __init__(self, message: str, *, retryable: bool, sent: bool = False):
+        super().__init__(message)
+        self.retryable, self.sent = retryable, sent
+
+
+class Lookup(enum.Enum):
+    """What a receiver that ignores idempotency keys says about an earlier attempt."""
+
+    NOT_FOUND = "not_found"  # authoritative: it never arrived, sending is safe
+    UNKNOWN = "unknown"  # cannot tell: a person decides
+
+
+@dataclass(frozen=True)
+class Found:
+    result: dict[str, Any]
+
+
+class Connector:
+    name: ClassVar[str]
+    # True when the receiver deduplicates by our key (Stripe's Idempotency-Key, our webhooks):
+    # an attempt interrupted by a crash is simply sent again with the same key.
+    honours_idempotency_key: ClassVar[bool] = False
+
+    def execute(self, call: Call) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def lookup(self, call: Call) -> Found | Lookup:
+        """For receivers that ignore keys: did an earlier attempt of this call arrive?"""
+        return Lookup.UNKNOWN
+
+
+_connectors: dict[str, Connector] = {}
+
+
+def connector_register(connector: Connector) -> Connector:
+    _connectors[connector.name] = connector
+    return connector
+
+
+def connector_get(name: str) -> Connector:
+    if not _connectors:
+        from . import email, model, payments, slack, webhook  # noqa: F401  (they register)
+    try:
+        return _connectors[name]
+    except KeyError:
+        raise LookupError(f"no connector named {name!r}; known: {sorted(_connectors)}") from None
