@@ -41,6 +41,7 @@ SHARED_APPS = [
 TENANT_APPS = [
     "django.contrib.contenttypes",
     "runs",
+    "approvals",
     "retention",
     "sandboxes",
 ]

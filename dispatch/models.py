@@ -23,3 +23,20 @@ class ReadyRun(models.Model):
             models.UniqueConstraint(fields=["run_id", "branch"], name="ready_run_branch_unique")
         ]
         indexes = [models.Index(fields=["tenant", "dispatched_at", "ready_at"])]
+
+
+class Wakeup(models.Model):
+    """A parked run's due time (a sleep, an approval's or a gate's timeout), kept in public so
+    one query finds every due wakeup of every tenant. No Celery ETA: Redis would redeliver
+    those after its visibility timeout, and a lost one would never fire."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    schema_name = models.CharField(max_length=63)
+    run_id = models.UUIDField()
+    visit = models.PositiveIntegerField()  # the parked checkpoint; stale if the run moved on
+    due_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run_id", "visit"], name="wakeup_run_visit_unique")
+        ]

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from .models import ReadyRun
+from .models import ReadyRun, Wakeup
 
 log = logging.getLogger(__name__)
 READY = f"public.{ReadyRun._meta.db_table}"
@@ -126,3 +126,24 @@ def watchdog() -> dict[str, int]:
     if counts["requeued"] or counts["dropped"]:
         log.info("watchdog: %s", counts)
     return counts
+
+
+def wakeups_fire(*, limit: int = 500) -> int:
+    """Fire every due wakeup (sleeps and timeouts), each in its tenant's schema, each once."""
+    from approvals.services import wakeup_fire
+
+    fired = 0
+    with transaction.atomic():
+        due = list(Wakeup.objects.select_for_update(skip_locked=True)
+                   .filter(due_at__lte=timezone.now()).order_by("due_at")[:limit])
+        for wakeup in due:
+            try:
+                with transaction.atomic(), schema_context(wakeup.schema_name):
+                    outcome = wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
+            except Exception:  # one broken run must not hold up every other timer
+                log.exception("wakeup of run %s failed; retrying next tick", wakeup.run_id)
+                continue
+            Wakeup.objects.filter(id=wakeup.id).delete()
+            log.info("wakeup %s visit %s: %s", wakeup.run_id, wakeup.visit, outcome)
+            fired += 1
+    return fired

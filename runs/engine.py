@@ -23,7 +23,7 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from dispatch.services import ready_clear, ready_mark, ready_requeue
@@ -37,6 +37,7 @@ from .transitions import (
     FanOut,
     Finish,
     Goto,
+    RunChild,
     Sleep,
     Transition,
     WaitForApproval,
@@ -385,10 +386,8 @@ class Harness:
                     self.writer.write(position)
                 case FanOut():
                     return self._park_fan_out(position, transition)
-                case WaitForApproval() | WaitForEvent() | Sleep():
-                    return self._end(position, Run.Status.FAILED, error=(
-                        f"step {step.name!r} returned {type(transition).__name__}, which this "
-                        "platform version cannot execute yet"))
+                case WaitForApproval() | WaitForEvent() | Sleep() | RunChild():
+                    return self._park(position, transition)
             if time.monotonic() - slice_started >= self.slice_seconds:
                 with transaction.atomic():
                     self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
@@ -448,7 +447,7 @@ class Harness:
             case Goto(step=next_step):
                 pass
             case FanOut(then=next_step) | WaitForApproval(then=next_step) | \
-                    WaitForEvent(then=next_step) | Sleep(then=next_step):
+                    WaitForEvent(then=next_step) | Sleep(then=next_step) | RunChild(then=next_step):
                 pass
             case _:
                 next_step = None
@@ -478,7 +477,52 @@ class Harness:
             event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
                          result=result, steps_taken=run.steps_taken)
             ready_clear(run_id=run.id)
+            if run.parent_id:  # a child run reports to the parent waiting on it
+                from approvals.services import event_deliver
+
+                event_deliver(kind="child_run", key=str(run.id), source_id=f"child:{run.id}",
+                              payload={"run": str(run.id), "status": status, "result": result,
+                                       "error": error})
         return Outcome.ENDED
+
+    def _park(self, position: Position, transition: Transition) -> Outcome:
+        """Leave the worker: the run becomes rows (a checkpoint, and what it waits on)."""
+        from approvals import services as parking
+        from runs.services import run_start
+
+        run, visit = self.run, position.visit
+        with transaction.atomic():
+            match transition:
+                case WaitForApproval(request=request):
+                    reason = f"approval: {request.get('title', 'requested')}"
+                case WaitForEvent(kind=kind, key=key):
+                    reason = f"event {kind}:{key}"
+                case Sleep(until=until, duration=duration):
+                    due = until or timezone.now() + duration
+                    reason = f"sleeping until {due.isoformat()}"
+                case RunChild(agent=agent):
+                    reason = f"child run of {agent}"
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None, waiting_reason=reason)
+            ready_clear(run_id=run.id)
+            event_record(run_id=run.id, kind="run_parked", visit=visit, reason=reason)
+            match transition:
+                case WaitForApproval(request=request, then=then, on_timeout=on_timeout,
+                                     timeout=timeout):
+                    parking.approval_open(run=run, visit=visit, request=request, then=then,
+                                          on_timeout=on_timeout, timeout=timeout)
+                case WaitForEvent(kind=kind, key=key, then=then, on_timeout=on_timeout,
+                                  timeout=timeout):
+                    parking.gate_open(run=run, visit=visit, kind=kind, key=key, then=then,
+                                      on_timeout=on_timeout, timeout=timeout)
+                case Sleep():
+                    parking.wakeup_schedule(run_id=run.id, visit=visit, due_at=due)
+                case RunChild(agent=agent, input=input, then=then, version=version):
+                    child = run_start(agent=agent, version=version, input=input,
+                                      parent_id=run.id, durability=run.durability).run
+                    parking.gate_open(run=run, visit=visit, kind="child_run", key=str(child.id),
+                                      then=then, on_timeout=None, timeout=None)
+        return Outcome.PARKED
 
     def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:
         """Park the run at the join step and put one branch per item in line."""
@@ -540,6 +584,14 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     except LeaseLost as exc:
         log.warning("stopping: %s", exc)
         return Outcome.LEASE_LOST
+    except (OperationalError, InterfaceError):
+        raise  # the database is away: the lease expires and the watchdog retries the run
+    except Exception as exc:  # a bug in the platform, not in a step: park, never loop
+        log.exception("engine error on run %s", run_id)
+        event_record(run_id=run.id, kind="engine_error", error=f"{type(exc).__name__}: {exc}",
+                     traceback=traceback.format_exc(limit=30)[-6000:])
+        return run_park_refused(run=run, epoch=epoch, reason=(
+            f"engine error: {type(exc).__name__}: {exc}; fix and re-queue it from the console"))
     finally:
         leases.release(**lease)
 

@@ -47,6 +47,8 @@ class Run(models.Model):
     lease_epoch = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="children")  # a child run reports to its parent
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="forks")
     forked_from_visit = models.PositiveIntegerField(null=True, blank=True)

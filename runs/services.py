@@ -41,7 +41,7 @@ def run_enqueue(run_id: UUID) -> None:
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
               durability: str = Run.Durability.SYNC, max_steps: int | None = None,
               max_wall_seconds: float | None = None, idempotency_key: str | None = None,
-              enqueue: bool = True) -> Started:
+              parent_id: UUID | None = None, enqueue: bool = True) -> Started:
     """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
 
     A reused idempotency key returns the run it created, if the request was the same.
@@ -69,7 +69,7 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             run = Run.objects.create(
                 agent=definition.name, agent_version=definition.version,
                 topology_hash=definition.topology_hash, durability=durability, input=input,
-                idempotency_key=idempotency_key or None,
+                idempotency_key=idempotency_key or None, parent_id=parent_id,
                 **{k: v for k, v in limits.items() if v is not None},
             )
             Checkpoint.objects.create(
@@ -117,6 +117,9 @@ def run_cancel(*, run_id: UUID) -> Run:
             Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
                 status=Branch.Status.FAILED, error="run cancelled")
             ready_clear(run_id=run.id)
+            from approvals.services import parked_cancel
+
+            parked_cancel(run_id=run.id)
             event_record(run_id=run.id, kind="run_cancelled")
     run.refresh_from_db()
     return run
@@ -221,3 +224,35 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
         event_record(run_id=run_id, kind="operator_requeued", by=by)
         run_enqueue(run_id)
     return Run.objects.get(id=run_id)
+
+
+def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, event: str,
+               **event_data) -> bool:
+    """Wake a parked run: in the caller's transaction, write the checkpoint it resumes from
+    (the chosen next step, and what it waited for merged into its state), put it in line.
+
+    Returns False if the run is not parked at `visit` any more (a stale wake-up)."""
+    from approvals.services import wakeup_cancel
+
+    run = Run.objects.select_for_update().filter(id=run_id).first()
+    parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
+    if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
+        return False
+    if step is not None or update:
+        Checkpoint.objects.create(
+            run=run, visit=visit + 1, step=step or parked.step,
+            state=state_merge(parked.state, update), log_offsets=parked.log_offsets,
+            agent_version=parked.agent_version, topology_hash=parked.topology_hash,
+        )
+    Run.objects.filter(id=run_id).update(status=Run.Status.QUEUED, waiting_reason="",
+                                         updated_at=timezone.now())
+    wakeup_cancel(run_id=run_id)
+    event_record(run_id=run_id, kind=event, visit=visit, **event_data)
+    run_enqueue(run_id)
+    return True
+
+
+def run_fail_parked(*, run_id: UUID, reason: str) -> None:
+    Run.objects.filter(id=run_id, status=Run.Status.WAITING).update(
+        status=Run.Status.FAILED, error=reason, waiting_reason="", finished_at=timezone.now())
+    event_record(run_id=run_id, kind="run_failed", error=reason)

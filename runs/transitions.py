@@ -57,6 +57,14 @@ class FanOut(Transition):
     then: str
 
 
+@dataclass(frozen=True)
+class RunChild(Transition):
+    agent: str
+    input: dict[str, Any]
+    then: str
+    version: int | None = None
+
+
 def goto(step: str, update: dict | None = None, append: dict | None = None) -> Goto:
     return Goto(step, update=update or {}, append=append or {})
 
@@ -97,8 +105,15 @@ def targets(transition: Transition) -> set[str]:
             return {step}
         case WaitForApproval(then=then, on_timeout=other) | WaitForEvent(then=then, on_timeout=other):
             return {then} | ({other} if other else set())
-        case Sleep(then=then):
+        case Sleep(then=then) | RunChild(then=then):
             return {then}
         case FanOut(step=step, then=then):
             return {step, then}
     return set()
+
+
+def run_child(agent: str, input: dict | None = None, *, then: str, version: int | None = None,
+              update: dict | None = None) -> RunChild:
+    """Start a child run (a sub-agent) and wait for it; `then` sees state["event"]["payload"]
+    with the child's status, result and error."""
+    return RunChild(agent, input or {}, then, version, update=update or {})

@@ -51,8 +51,6 @@ def start(ctx, state):
             return {"oops": True}
         case "fails":
             return fail("the agent gave up")
-        case "parks":
-            return sleep(then="ok", duration=__import__("datetime").timedelta(days=1))
     return goto("ok")
 
 
@@ -154,3 +152,54 @@ def _install_crash_point() -> None:
 
 
 _install_crash_point()
+
+
+# -- parking: approvals, events, sleeps and child runs -------------------------------------------
+from runs.transitions import run_child, wait_for_approval, wait_for_event  # noqa: E402
+
+waiter = Agent("waiter", version=1)
+
+
+@waiter.step(start=True, next=["decided", "gave_up", "slept", "child_done", "event_seen"])
+def ask(ctx, state):
+    from datetime import timedelta
+
+    timeout = timedelta(seconds=state["timeout"]) if state.get("timeout") else None
+    match state["how"]:
+        case "approval":
+            return wait_for_approval({"title": "Ship it?", "artifact": {"plan": "v1"},
+                                      "deciders": state.get("deciders", [])},
+                                     then="decided", timeout=timeout,
+                                     on_timeout="gave_up" if timeout else None)
+        case "event":
+            return wait_for_event(state["kind"], state["key"], then="event_seen",
+                                  timeout=timeout, on_timeout="gave_up" if timeout else None)
+        case "sleep":
+            return sleep(then="slept", duration=timedelta(seconds=state["seconds"]))
+        case "child":
+            return run_child("research", {"topic": "child", "iterations": 2}, then="child_done")
+
+
+@waiter.step(next=[])
+def decided(ctx, state):
+    return finish(state["approval"])
+
+
+@waiter.step(next=[])
+def gave_up(ctx, state):
+    return finish({"timed_out": state["timed_out"]})
+
+
+@waiter.step(next=[])
+def slept(ctx, state):
+    return finish("rested")
+
+
+@waiter.step(next=[])
+def child_done(ctx, state):
+    return finish(state["event"]["payload"])
+
+
+@waiter.step(next=[])
+def event_seen(ctx, state):
+    return finish(state["event"]["payload"])

@@ -164,22 +164,44 @@ def s3(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def beat(celery_queue_clean, tmp_path_factory):
-    process = localprocs.Beat(tmp_path_factory.mktemp("beat"), log_dir=LOGS)
-    yield process
-    process.stop()
+class BeatHolder:
+    """The session's beat process; a test may stop it, and `ensure()` starts a new one."""
+
+    def __init__(self, schedule_dir: Path):
+        self.schedule_dir, self.process = schedule_dir, None
+        self.ensure()
+
+    def ensure(self) -> "BeatHolder":
+        if self.process is None or self.process.process.poll() is not None:
+            self.process = localprocs.Beat(self.schedule_dir, log_dir=LOGS)
+        return self
+
+    def stop(self):
+        if self.process is not None:
+            self.process.stop()
 
 
 @pytest.fixture(scope="session")
-def _session_worker(celery_queue_clean, s3, beat):
+def _session_beat(celery_queue_clean, tmp_path_factory):
+    holder = BeatHolder(tmp_path_factory.mktemp("beat"))
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture
+def beat(_session_beat):
+    return _session_beat.ensure()
+
+
+@pytest.fixture(scope="session")
+def _session_worker(celery_queue_clean, s3, _session_beat):
     workers = [Worker("session-worker", concurrency=2).wait_ready()]
     yield workers
     workers[-1].stop()
 
 
 @pytest.fixture
-def worker(_session_worker):
+def worker(_session_worker, beat):
     """A worker process (and beat) shared by the session; restarted if a test killed it."""
     if _session_worker[-1].process.poll() is not None:
         _session_worker.append(Worker(f"session-worker-{len(_session_worker)}", 2).wait_ready())

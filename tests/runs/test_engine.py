@@ -196,7 +196,6 @@ def test_new_version_registers_while_old_runs_drain(in_acme, drift_agent):
     ("too_big", "field 'notes'"),
     ("not_a_transition", "not a transition"),
     ("fails", "the agent gave up"),
-    ("parks", "cannot execute yet"),
 ])
 def test_a_step_breaking_the_rules_fails_the_run_with_a_clear_error(in_acme, how, message):
     run = finished(start("rulebreaker", input={"how": how}).id)

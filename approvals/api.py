@@ -1,0 +1,101 @@
+"""REST API for the approvals inbox and for events (`/api/v1/`), tenant by API key."""
+
+from rest_framework import generics, serializers, status
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentplatform.api_errors import ApiError
+
+from . import services
+from .models import Approval
+
+ERROR_STATUS = {"not_found": 404, "approval_closed": 409, "approval_expired": 409,
+                "run_not_waiting": 409, "not_a_decider": 403}
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Approval
+        fields = ["id", "run", "visit", "kind", "request", "deciders", "status", "then",
+                  "on_timeout", "expires_at", "decided_by", "comment", "artifact", "decided_at",
+                  "created_at"]
+
+
+class DecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(["approve", "reject"])
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
+    artifact = serializers.JSONField(required=False)  # approve with an edited artifact
+    decided_by = serializers.CharField(required=False, max_length=200)
+
+
+class EventSerializer(serializers.Serializer):
+    kind = serializers.RegexField(r"^[a-z0-9_.:-]{1,64}$")
+    key = serializers.CharField(max_length=255)
+    payload = serializers.DictField(required=False, default=dict)
+    id = serializers.CharField(required=False, max_length=255)  # dedupe: same id, same event
+
+
+class Newest(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+
+class ApprovalList(generics.ListAPIView):
+    serializer_class = ApprovalSerializer
+    pagination_class = Newest
+
+    def get_queryset(self):
+        approvals = Approval.objects.all()
+        if wanted := self.request.query_params.get("status"):
+            if wanted not in Approval.Status.values:
+                raise ApiError("invalid_filter", f"unknown status {wanted!r}")
+            approvals = approvals.filter(status=wanted)
+        if run := self.request.query_params.get("run"):
+            approvals = approvals.filter(run_id=run)
+        return approvals
+
+
+def approval_or_404(approval_id) -> Approval:
+    approval = Approval.objects.filter(id=approval_id).first()
+    if approval is None:
+        raise ApiError("not_found", "No such approval.", status.HTTP_404_NOT_FOUND)
+    return approval
+
+
+class ApprovalDetail(APIView):
+    def get(self, request, approval_id):
+        return Response(ApprovalSerializer(approval_or_404(approval_id)).data)
+
+
+class ApprovalDecide(APIView):
+    def post(self, request, approval_id):
+        approval_or_404(approval_id)
+        body = DecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        by = data.get("decided_by") or f"api:{request.user.api_key.name}"
+        try:
+            approval = services.approval_decide(
+                approval_id=approval_id, approve=data["decision"] == "approve", by=by,
+                comment=data["comment"], artifact=data.get("artifact"))
+        except services.ApprovalError as exc:
+            raise ApiError(exc.code, exc.message, ERROR_STATUS.get(exc.code, 400)) from None
+        return Response(ApprovalSerializer(approval).data)
+
+
+class EventCreate(APIView):
+    """Deliver an event to whatever waits on (kind, key). Unmatched events are kept: a run
+    that parks on them later is woken at once."""
+
+    def post(self, request):
+        body = EventSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        delivery = services.event_deliver(kind=data["kind"], key=data["key"],
+                                          payload=data["payload"], source_id=data.get("id"))
+        return Response({"event": delivery.event.id, "duplicate": delivery.duplicate,
+                         "resumed": [str(r) for r in delivery.resumed]},
+                        status=status.HTTP_200_OK if delivery.duplicate else status.HTTP_202_ACCEPTED)

@@ -1,0 +1,195 @@
+"""Parking and waking: approvals, event gates, durable timers, child runs.
+
+The engine calls the `*_open` verbs inside the transaction that parks a run. Everything that
+wakes a run (a decision, an event, a due timer) closes what the run waited on and re-queues it
+in one transaction, through `runs.services.run_resume`.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from dispatch.models import Wakeup
+from runs.models import Run
+from runs.services import RunError, run_resume
+
+from .models import Approval, EventGate, InboundEvent
+
+log = logging.getLogger(__name__)
+
+
+def wakeup_schedule(*, run_id: UUID, visit: int, due_at) -> None:
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.get(schema_name=connection.schema_name)
+    Wakeup.objects.update_or_create(
+        run_id=run_id, visit=visit,
+        defaults={"tenant": tenant, "schema_name": tenant.schema_name, "due_at": due_at},
+    )
+
+
+def wakeup_cancel(*, run_id: UUID) -> None:
+    Wakeup.objects.filter(run_id=run_id).delete()
+
+
+def approval_open(*, run: Run, visit: int, request: dict, then: str, on_timeout: str | None,
+                  timeout: timedelta | None, kind: str = Approval.Kind.APPROVAL) -> Approval:
+    request = dict(request)
+    deciders = request.pop("deciders", [])
+    expires_at = timezone.now() + timeout if timeout else None
+    approval = Approval.objects.create(
+        run=run, visit=visit, kind=kind, request=request, deciders=deciders, then=then,
+        on_timeout=on_timeout or "", expires_at=expires_at,
+    )
+    if expires_at:
+        wakeup_schedule(run_id=run.id, visit=visit, due_at=expires_at)
+    from runs.engine import event_record
+
+    event_record(run_id=run.id, kind="approval_requested", visit=visit,
+                 approval=str(approval.id), title=request.get("title", ""))
+    transaction.on_commit(lambda: approval_announce(approval_id=approval.id))
+    return approval
+
+
+def approval_announce(*, approval_id: UUID) -> None:
+    """Tell people an approval waits: each callable in ANNOUNCERS gets the approval id
+    (integrations register one that posts Approve / Reject buttons to Slack via the outbox)."""
+    for announce in ANNOUNCERS:
+        try:
+            announce(approval_id)
+        except Exception:  # an announcement failing must not lose the approval
+            log.exception("announcing approval %s failed", approval_id)
+
+
+ANNOUNCERS: list = []
+
+
+class ApprovalError(RunError):
+    pass
+
+
+def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str = "",
+                    artifact: Any = None) -> Approval:
+    """Close the approval and re-queue its run in one transaction; refuse anything stale."""
+    with transaction.atomic():
+        approval = Approval.objects.select_for_update().filter(id=approval_id).first()
+        if approval is None:
+            raise ApprovalError("not_found", "No such approval.")
+        if approval.status != Approval.Status.PENDING:
+            raise ApprovalError("approval_closed", f"This approval is already {approval.status}.")
+        if approval.expires_at and approval.expires_at <= timezone.now():
+            raise ApprovalError("approval_expired", "This approval has expired.")
+        if approval.deciders and by not in approval.deciders:
+            raise ApprovalError("not_a_decider", f"{by} may not decide this approval.")
+        run = Run.objects.select_for_update().get(id=approval.run_id)
+        if run.status != Run.Status.WAITING:
+            raise ApprovalError("run_not_waiting", f"The run is {run.status}.")
+        approval.status = Approval.Status.APPROVED if approve else Approval.Status.REJECTED
+        approval.decided_by, approval.comment = by, comment
+        approval.artifact = artifact if artifact is not None else approval.request.get("artifact")
+        approval.decided_at = timezone.now()
+        approval.save()
+        decision = {"approved": approve, "by": by, "comment": comment,
+                    "artifact": approval.artifact, "approval": str(approval.id)}
+        run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
+                   update={"approval": decision}, event="approval_decided", **decision)
+    return approval
+
+
+def gate_open(*, run: Run, visit: int, kind: str, key: str, then: str, on_timeout: str | None,
+              timeout: timedelta | None) -> EventGate:
+    """Open a gate; an event that arrived before the run parked is matched now (no lost
+    wake-up: the event row and this check are serialised by the row lock on the event)."""
+    expires_at = timezone.now() + timeout if timeout else None
+    gate = EventGate.objects.create(run=run, visit=visit, kind=kind, key=key, then=then,
+                                    on_timeout=on_timeout or "", expires_at=expires_at)
+    early = (InboundEvent.objects.select_for_update(skip_locked=True)
+             .filter(kind=kind, key=key, consumed_at=None).order_by("received_at").first())
+    if early is not None:
+        _gate_resolve(gate, early)
+    elif expires_at:
+        wakeup_schedule(run_id=run.id, visit=visit, due_at=expires_at)
+    return gate
+
+
+@dataclass
+class Delivery:
+    event: InboundEvent | None
+    duplicate: bool = False
+    resumed: list[UUID] = field(default_factory=list)
+
+
+def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None) -> Delivery:
+    """Record an event and wake every run whose open gate matches. Idempotent by source_id."""
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                event = InboundEvent.objects.create(kind=kind, key=key, payload=payload,
+                                                    source_id=source_id or None)
+        except IntegrityError:
+            return Delivery(InboundEvent.objects.filter(source_id=source_id).first(),
+                            duplicate=True)
+        gates = list(EventGate.objects.select_for_update()
+                     .filter(kind=kind, key=key, status=EventGate.Status.OPEN).order_by("id"))
+        resumed = []
+        for gate in gates:
+            if _gate_resolve(gate, event):
+                resumed.append(gate.run_id)
+    return Delivery(event, resumed=resumed)
+
+
+def _gate_resolve(gate: EventGate, event: InboundEvent) -> bool:
+    run = Run.objects.select_for_update().get(id=gate.run_id)
+    if run.status != Run.Status.WAITING:
+        return False
+    gate.status, gate.event, gate.resolved_at = EventGate.Status.RESOLVED, event, timezone.now()
+    gate.save()
+    InboundEvent.objects.filter(id=event.id, consumed_at=None).update(consumed_at=timezone.now())
+    run_resume(run_id=run.id, visit=gate.visit, step=gate.then,
+               update={"event": {"kind": event.kind, "key": event.key, "payload": event.payload}},
+               event="event_received", event_kind=event.kind, event_key=event.key)
+    return True
+
+
+def wakeup_fire(*, run_id: UUID, visit: int) -> str:
+    """A due time came: expire what the run waits on and take its timeout path, or end a sleep.
+    Stale wakeups (the run moved on) do nothing."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(id=run_id).first()
+        if run is None or run.status != Run.Status.WAITING:
+            return "stale"
+        approval = Approval.objects.select_for_update().filter(
+            run_id=run_id, visit=visit, status=Approval.Status.PENDING).first()
+        gate = EventGate.objects.select_for_update().filter(
+            run_id=run_id, visit=visit, status=EventGate.Status.OPEN).first()
+        waiting_on = approval or gate
+        if waiting_on is None:  # a sleep: the parked checkpoint already points at `then`
+            return "woke" if run_resume(run_id=run_id, visit=visit, step=None, update={},
+                                        event="timer_fired") else "stale"
+        waiting_on.status = "expired"
+        waiting_on.save(update_fields=["status"])
+        what = "approval" if approval else "event"
+        if not waiting_on.on_timeout:
+            from runs.services import run_fail_parked
+
+            run_fail_parked(run_id=run_id, reason=f"{what} timed out and the step declared no "
+                                                  "on_timeout step")
+            return "failed"
+        run_resume(run_id=run_id, visit=visit, step=waiting_on.on_timeout,
+                   update={"timed_out": {"waiting_for": what}}, event="wait_timed_out",
+                   waiting_for=what)
+        return "timed_out"
+
+
+def parked_cancel(*, run_id: UUID) -> None:
+    """A cancelled run waits for nothing any more."""
+    Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).update(
+        status=Approval.Status.CANCELLED)
+    EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).update(
+        status=EventGate.Status.CANCELLED)
+    wakeup_cancel(run_id=run_id)
