@@ -65,10 +65,13 @@ def main(argv: list[str]) -> int:
                 continue
             killed_at = time.monotonic()
             worker.kill(signal.SIGKILL)
-            platform.wait_for(lambda: Run.objects.filter(id=victim_run.id).exclude(
-                lease_owner=owner).filter(lease_epoch__gt=epoch).exists()
-                or Run.objects.get(id=victim_run.id).is_finished, timeout=60, interval=0.01,
-                what="another worker to take the run")
+            def taken_over(run_id=victim_run.id, owner=owner, epoch=epoch):
+                run = Run.objects.get(id=run_id)
+                return run.is_finished or (run.lease_epoch > epoch and run.lease_owner != owner
+                                           and run.lease_owner != "")
+
+            platform.wait_for(taken_over, timeout=60, interval=0.01,
+                              what="another worker to take the run")
             recoveries.append(time.monotonic() - killed_at)
             print(f"kill {kill + 1}: run {victim_run.id} resumed after {recoveries[-1]:.2f}s")
             platform.replace(worker)

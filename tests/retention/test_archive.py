@@ -45,8 +45,9 @@ def test_archived_run_restores_to_its_original_history(archive_pass, in_acme, ac
     archive = Archive.objects.get(run_id=run.id)
     assert archive.status == "archived"
     assert archive.object_key == f"tenants/acme/archives/{run.id}.jsonl.gz.enc"
-    assert {table: n for table, n in archive.counts.items() if n} == {"runs_run": 1, "runs_runevent": 2, "runs_checkpoint": 10,
-                              "runs_logentry": 8, "retention_runretention": 1}
+    assert {table: n for table, n in archive.counts.items() if n} == {
+        "runs_run": 1, "runs_runevent": 2, "runs_checkpoint": 10, "runs_logentry": 8,
+        "retention_runretention": 1}
     stored = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=archive.object_key)["Body"].read()
     assert len(stored) == archive.size and b"message 000001" not in stored  # encrypted
 
