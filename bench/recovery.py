@@ -65,10 +65,9 @@ def main(argv: list[str]) -> int:
                 continue
             killed_at = time.monotonic()
             worker.kill(signal.SIGKILL)
-            def taken_over(run_id=victim_run.id, owner=owner, epoch=epoch):
-                run = Run.objects.get(id=run_id)
-                return run.is_finished or (run.lease_epoch > epoch and run.lease_owner != owner
-                                           and run.lease_owner != "")
+            def taken_over(run_id=victim_run.id, epoch=epoch):
+                run = Run.objects.get(id=run_id)  # only a claim moves the epoch on
+                return run.is_finished or run.lease_epoch > epoch
 
             platform.wait_for(taken_over, timeout=60, interval=0.01,
                               what="another worker to take the run")
