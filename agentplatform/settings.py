@@ -41,6 +41,8 @@ SHARED_APPS = [
 TENANT_APPS = [
     "django.contrib.contenttypes",
     "runs",
+    "effects",
+    "integrations",
     "approvals",
     "retention",
     "sandboxes",
@@ -129,6 +131,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BEAT_SCHEDULE = {
     "dispatch-tick": {"task": "dispatch.tick",
                       "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
+    "outbox-sweep": {"task": "effects.outbox_sweep",
+                     "schedule": env.float("OUTBOX_SWEEP_SECONDS", default=5.0)},
     "retention-archive": {"task": "retention.archive_all_tenants",
                           "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
 }
@@ -144,6 +148,9 @@ RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+# Outbox delivery: at least once, with exponential backoff, then marked failed.
+OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=8)
+OUTBOX_BACKOFF_SECONDS = env.float("OUTBOX_BACKOFF_SECONDS", default=2.0)
 
 # -- retention: finished runs are archived to S3 after their TTL, then pruned -----------------
 # Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>.jsonl.gz.enc in S3_BUCKET.

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from approvals import api as approvals_api
+from effects import api as effects_api
 from retention import api as retention_api
 from runs import api as runs_api
 
@@ -17,6 +18,7 @@ api_v1 = [
     path("runs/<uuid:run_id>/events", runs_api.RunEvents.as_view()),
     path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
     path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),
+    path("runs/<uuid:run_id>/effects", effects_api.RunEffects.as_view()),
     path("approvals", approvals_api.ApprovalList.as_view()),
     path("approvals/<uuid:approval_id>", approvals_api.ApprovalDetail.as_view()),
     path("approvals/<uuid:approval_id>/decide", approvals_api.ApprovalDecide.as_view()),

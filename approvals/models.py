@@ -12,6 +12,7 @@ class Approval(models.Model):
     class Kind(models.TextChoices):
         APPROVAL = "approval"  # wait_for_approval
         EFFECT_OUTCOME = "effect_outcome"  # an effect whose outcome is unknown after a crash
+        BUDGET = "budget"  # a model call would exceed the run's budget
 
     class Status(models.TextChoices):
         PENDING = "pending"

@@ -96,9 +96,34 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
         approval.save()
         decision = {"approved": approve, "by": by, "comment": comment,
                     "artifact": approval.artifact, "approval": str(approval.id)}
-        run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
-                   update={"approval": decision}, event="approval_decided", **decision)
+        if approval.kind == Approval.Kind.APPROVAL:
+            run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
+                       update={"approval": decision}, event="approval_decided", **decision)
+        elif approval.kind == Approval.Kind.BUDGET and not approve:
+            from runs.engine import event_record
+            from runs.services import run_fail_parked
+
+            event_record(run_id=run.id, kind="approval_decided", **decision)
+            run_fail_parked(run_id=run.id, reason=f"budget exceeded; not raised by {by}")
+        else:  # the step runs again at the same visit, with the person's answer applied
+            _settle(approval, run, approve=approve, by=by)
+            run_resume(run_id=run.id, visit=approval.visit, step=None, update={},
+                       event="approval_decided", **decision)
     return approval
+
+
+def _settle(approval: Approval, run: Run, *, approve: bool, by: str) -> None:
+    if approval.kind == Approval.Kind.EFFECT_OUTCOME:
+        from effects.services import effect_outcome_decide
+
+        effect_outcome_decide(run_id=run.id, request=approval.request, delivered=approve, by=by)
+    elif approval.kind == Approval.Kind.BUDGET:  # approved: double what ran out
+        updates = {}
+        if run.max_tokens is not None:
+            updates["max_tokens"] = run.max_tokens * 2
+        if run.max_cost_usd is not None:
+            updates["max_cost_usd"] = run.max_cost_usd * 2
+        Run.objects.filter(id=run.id).update(**updates)
 
 
 def gate_open(*, run: Run, visit: int, kind: str, key: str, then: str, on_timeout: str | None,

@@ -68,6 +68,9 @@ class Agent:
     logs: Iterable[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     description: str = ""
+    # When a model call would exceed the run's budget: "fail" the run, or "approve": park it
+    # for a person, who may double the budget.
+    on_budget: str = "fail"
     retention: RetentionPolicy | None = None  # None: the RETENTION_* settings
     steps: dict[str, Step] = field(default_factory=dict, init=False)
     start: str | None = field(default=None, init=False)

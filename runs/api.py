@@ -32,6 +32,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = [
             "id", "agent", "agent_version", "status", "durability", "input", "result", "error",
             "waiting_reason", "max_steps", "max_wall_seconds", "steps_taken", "active_seconds",
+            "max_tokens", "max_cost_usd", "tokens_used", "cost_usd", "parent",
             "cancel_requested", "forked_from", "forked_from_visit", "created_at", "updated_at",
             "started_at", "finished_at",
         ]
@@ -44,6 +45,9 @@ class RunCreateSerializer(serializers.Serializer):
     durability = serializers.ChoiceField(Run.Durability.values, default=Run.Durability.SYNC)
     max_steps = serializers.IntegerField(required=False, min_value=1, max_value=10_000_000)
     max_wall_seconds = serializers.FloatField(required=False, min_value=0.001)
+    max_tokens = serializers.IntegerField(required=False, min_value=1)
+    max_cost_usd = serializers.DecimalField(required=False, max_digits=12, decimal_places=6,
+                                            min_value=0)
 
 
 class EventSerializer(serializers.ModelSerializer):

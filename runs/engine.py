@@ -27,6 +27,14 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from dispatch.services import ready_clear, ready_mark, ready_requeue
+from effects.models import OutboxMessage
+from effects.services import (
+    BudgetExceeded,
+    EffectRefused,
+    NeedsPerson,
+    idempotency_key,
+    outbox_kick,
+)
 
 from .agents import Agent, Step, UnknownAgent, registry
 from .leases import leases
@@ -80,6 +88,7 @@ class Position:
     state: dict[str, Any]
     offsets: dict[str, int]
     pending_entries: list[LogEntry] = field(default_factory=list)
+    pending_outbox: list[dict] = field(default_factory=list)  # ctx.notify(...) of the step
     handed_over: bool = False  # given to the writer (committed, in flight, or held)
 
 
@@ -134,6 +143,7 @@ class CheckpointWriter:
         else:
             if self._held is not None:
                 position.pending_entries[:0] = self._held.pending_entries
+                position.pending_outbox[:0] = self._held.pending_outbox
             self._held = position
 
     def flush(self) -> None:
@@ -154,6 +164,7 @@ class CheckpointWriter:
         self._wait()
         if self._held is not None and self._held is not position:
             position.pending_entries[:0] = self._held.pending_entries
+            position.pending_outbox[:0] = self._held.pending_outbox
         if position.handed_over and self._held is None:  # already committed: fields only
             self.cancel_requested |= run_fence(run=self.run, epoch=self.epoch,
                                                visit=position.visit, **run_fields)
@@ -182,7 +193,7 @@ class CheckpointWriter:
         self.cancel_requested |= checkpoint_commit(
             run=self.run, epoch=self.epoch, position=position, **run_fields
         )
-        position.pending_entries = []
+        position.pending_entries, position.pending_outbox = [], []
 
 
 def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -215,7 +226,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
     on the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
     Returns whether a cancel was requested."""
     assignments, params = _run_assignments(run, run_fields)
-    entries = position.pending_entries
+    entries, outbox = position.pending_entries, position.pending_outbox
     schema = connection.schema_name
     sql = f"""
         WITH fence AS (
@@ -231,6 +242,15 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
             INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
             SELECT fence.id, e.log, e.index, %s, e.value::jsonb
               FROM fence, unnest(%s::text[], %s::int[], %s::text[]) AS e(log, index, value)
+        ), outbox AS (
+            INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
+                   (run_id, name, connector, args, idempotency_key, status, attempts,
+                    next_attempt_at, last_error, created_at)
+            SELECT fence.id, o.name, o.connector, o.args::jsonb, o.key, 'pending', 0, now(), '',
+                   now()
+              FROM fence, unnest(%s::text[], %s::text[], %s::text[], %s::text[])
+                   AS o(name, connector, args, key)
+            ON CONFLICT (idempotency_key) DO NOTHING
         )
         SELECT cancel_requested FROM fence
     """
@@ -241,8 +261,14 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
         position.visit,
         [e.log for e in entries], [e.index for e in entries],
         [json.dumps(e.value) for e in entries],
+        *([n[field] for n in outbox] for field in ("name", "connector")),
+        [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
     ]
     row = _prepared(sql, params)
+    if outbox and not connection.in_atomic_block:
+        outbox_kick()  # committed: ring the dispatcher (an atomic caller rings on commit)
+    elif outbox:
+        transaction.on_commit(outbox_kick)
     if row is None:
         raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
                         f"(checkpoint {position.visit} not written)")
@@ -273,9 +299,13 @@ class StepContext:
 
     def __init__(self, *, run: Run, agent: Agent, visit: int, attempt: int,
                  logs: dict[str, LogView], writer: CheckpointWriter, item: Any = None,
-                 branch: int | None = None):
+                 branch: int | None = None, epoch: int = -1):
         self.item = item  # in a fan-out branch: its item, and its index in `branch`
         self.branch = branch
+        self.scope = f"{visit}" if branch is None else f"{visit}/b{branch}"
+        self._epoch = epoch
+        self._models = 0
+        self.notifications: list[dict] = []
         self.run_id = run.id
         self.input = run.input
         self.agent = agent
@@ -301,6 +331,36 @@ class StepContext:
 
     def log(self, name: str) -> LogView:
         return self._logs[name]
+
+    def effect(self, name: str, connector: str, **args) -> Any:
+        """Do something externally visible exactly once per (run, step visit, name): a re-run
+        of this step gets the recorded result instead of acting again."""
+        from effects.services import Scope, effect_perform
+
+        self.barrier()  # the state this effect depends on is durable before it happens
+        return effect_perform(scope=Scope(self.run_id, self.scope, self._epoch), name=name,
+                              connector=connector, args=args)
+
+    def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
+              max_tokens: int = 1024, **options) -> dict:
+        """A chat-completion call through the `model` connector: an effect, so a recorded
+        call is never made (or paid for) twice; refused before sending if over budget."""
+        from effects.services import Scope, budget_checker, effect_perform
+
+        self._models += 1
+        self.barrier()
+        args = {"messages": messages, "max_tokens": max_tokens, **options}
+        if model:
+            args["model"] = model
+        return effect_perform(
+            scope=Scope(self.run_id, self.scope, self._epoch),
+            name=name or f"model-{self._models}", connector="model", args=args,
+            budget_check=budget_checker(run_id=self.run_id, requested_tokens=max_tokens))
+
+    def notify(self, name: str, connector: str, **args) -> None:
+        """Fire and forget: committed with this step's checkpoint, delivered at least once
+        afterwards, once at the receiver (its key is stable)."""
+        self.notifications.append({"name": name, "connector": connector, "args": args})
 
     def barrier(self) -> None:
         """Make every checkpoint so far durable; called before anything externally visible."""
@@ -335,6 +395,7 @@ class Harness:
         self.writer = CheckpointWriter(run, epoch)
         self.writer.cancel_requested = run.cancel_requested
         self.item, self.branch_index = None, None  # set when running a fan-out branch
+        self.notifications: list[dict] = []  # the last successful step's ctx.notify calls
 
     def go(self) -> Outcome:
         try:
@@ -372,6 +433,15 @@ class Harness:
                 event_record(run_id=run.id, kind="step_failed", visit=position.visit,
                              step=step.name, error=str(exc), retryable=False)
                 return self._end(position, Run.Status.FAILED, error=str(exc))
+            except NeedsPerson as exc:
+                return self._park_for_person(position, exc.kind, exc.request)
+            except BudgetExceeded as exc:
+                event_record(run_id=run.id, kind="budget_exceeded", visit=position.visit,
+                             step=step.name, reason=str(exc))
+                if agent.on_budget == "approve":
+                    return self._park_for_person(position, "budget", {
+                        "title": "Budget reached: raise it?", "reason": str(exc)})
+                return self._end(position, Run.Status.FAILED, error=f"budget exceeded: {exc}")
             finally:
                 run.active_seconds += time.monotonic() - started
             run.steps_taken += 1
@@ -402,15 +472,18 @@ class Harness:
         for attempt in range(1, policy.max_attempts + 1):
             ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
                               attempt=attempt, logs=logs, writer=self.writer, item=self.item,
-                              branch=self.branch_index)
+                              branch=self.branch_index, epoch=self.epoch)
             try:
                 transition = step.fn(ctx, State(position.state, logs))
                 if not isinstance(transition, Transition):
                     raise StepError(f"step {step.name!r} returned {transition!r}, not a transition")
+                self.notifications = ctx.notifications
                 ctx.step_completed()
                 return transition
-            except (StepError, LeaseLost):
+            except (StepError, LeaseLost, NeedsPerson, BudgetExceeded):
                 raise
+            except EffectRefused as exc:
+                raise StepError(str(exc)) from exc
             except Exception as exc:  # a step's own failure: retry per policy
                 self._last_error = f"step {step.name!r} raised {type(exc).__name__}: {exc}"
                 will_retry = attempt < policy.max_attempts
@@ -451,8 +524,11 @@ class Harness:
                 pass
             case _:
                 next_step = None
+        outbox = [dict(n, key=idempotency_key(schema=connection.schema_name, run_id=self.run.id,
+                                               scope=f"outbox/{position.visit}", name=n["name"]))
+                  for n in self.notifications]
         return Position(visit=position.visit + 1, step=next_step, state=state, offsets=offsets,
-                        pending_entries=entries)
+                        pending_entries=entries, pending_outbox=outbox)
 
     def _cancel_requested(self) -> bool:
         """Seen on every checkpoint write; exit mode, which writes none, asks now and then."""
@@ -484,6 +560,22 @@ class Harness:
                               payload={"run": str(run.id), "status": status, "result": result,
                                        "error": error})
         return Outcome.ENDED
+
+    def _park_for_person(self, position: Position, kind: str, request: dict) -> Outcome:
+        """Park before the step that needs a person; on the decision it runs again at the same
+        visit, so its recorded effects replay and only the undecided one is settled."""
+        from approvals.services import approval_open
+
+        run = self.run
+        with transaction.atomic():
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None, waiting_reason=request["title"])
+            ready_clear(run_id=run.id)
+            event_record(run_id=run.id, kind="run_parked", visit=position.visit,
+                         reason=request["title"])
+            approval_open(run=run, visit=position.visit, request=request, then=position.step,
+                          on_timeout=None, timeout=None, kind=kind)
+        return Outcome.PARKED
 
     def _park(self, position: Position, transition: Transition) -> Outcome:
         """Leave the worker: the run becomes rows (a checkpoint, and what it waits on)."""

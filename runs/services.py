@@ -40,8 +40,8 @@ def run_enqueue(run_id: UUID) -> None:
 
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
               durability: str = Run.Durability.SYNC, max_steps: int | None = None,
-              max_wall_seconds: float | None = None, idempotency_key: str | None = None,
-              parent_id: UUID | None = None, enqueue: bool = True) -> Started:
+              max_wall_seconds: float | None = None, max_tokens: int | None = None,
+              max_cost_usd=None, idempotency_key: str | None = None, parent_id: UUID | None = None, enqueue: bool = True) -> Started:
     """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
 
     A reused idempotency key returns the run it created, if the request was the same.
@@ -63,7 +63,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         state = state_merge({}, input)
     except StateTooLarge as exc:
         raise RunError("state_too_large", str(exc)) from None
-    limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds}
+    limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds,
+              "max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
     try:
         with transaction.atomic():
             run = Run.objects.create(
@@ -159,7 +160,8 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
             agent=source.agent, agent_version=source.agent_version,
             topology_hash=source.topology_hash, durability=durability or source.durability,
             input=source.input, max_steps=source.max_steps,
-            max_wall_seconds=source.max_wall_seconds, steps_taken=visit,
+            max_wall_seconds=source.max_wall_seconds, max_tokens=source.max_tokens,
+            max_cost_usd=source.max_cost_usd, steps_taken=visit,
             forked_from=source, forked_from_visit=visit,
         )
         Checkpoint.objects.create(

@@ -1,4 +1,5 @@
-"""Every request starts and ends in the public schema; only API-key auth switches to a tenant."""
+"""Every request starts in the public schema; only API-key auth switches to a tenant. At the
+end the connection goes back to what it was before the request (public, in a server)."""
 
 from django.db import connection
 
@@ -8,8 +9,12 @@ class PublicSchemaMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        before = getattr(connection, "tenant", None)
         connection.set_schema_to_public()
         try:
             return self.get_response(request)
         finally:
-            connection.set_schema_to_public()
+            if before is not None and before.schema_name != connection.schema_name:
+                connection.set_tenant(before)
+            elif before is None:
+                connection.set_schema_to_public()

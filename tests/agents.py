@@ -203,3 +203,109 @@ def child_done(ctx, state):
 @waiter.step(next=[])
 def event_seen(ctx, state):
     return finish(state["event"]["payload"])
+
+
+# -- effects: connectors to a local receiver (tests/effects/receiver.py), and agents using them -
+import urllib.error  # noqa: E402
+
+from integrations.connectors import (  # noqa: E402
+    Connector,
+    ConnectorError,
+    Lookup,
+    connector_register,
+)
+from integrations.connectors.base import Found  # noqa: E402
+
+
+def _post(url: str, body: dict, key: str) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Idempotency-Key": key,
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ConnectorError(f"receiver said {exc.code}", retryable=exc.code >= 500,
+                             sent=exc.code >= 500) from exc
+    except OSError as exc:
+        raise ConnectorError(f"receiver unreachable: {exc}", retryable=True, sent=True) from exc
+
+
+class KeyedReceiver(Connector):
+    """Like Stripe: deduplicates by our idempotency key."""
+
+    name = "test_keyed"
+    honours_idempotency_key = True
+
+    def execute(self, call):
+        return _post(call.args["url"], {**call.args, "run": str(call.run_id)}, call.idempotency_key)
+
+
+class PlainReceiver(Connector):
+    """Like SMTP or Slack: ignores keys; may be asked afterwards (lookup) if it can be."""
+
+    name = "test_plain"
+
+    def execute(self, call):
+        return _post(call.args["url"], {**call.args, "run": str(call.run_id)}, call.idempotency_key)
+
+    def lookup(self, call):
+        if not call.args.get("searchable"):
+            return Lookup.UNKNOWN
+        url = call.args["url"].rsplit("/", 1)[0] + f"/lookup?key={call.idempotency_key}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return Found(json.loads(response.read()))
+        except urllib.error.HTTPError as exc:
+            return Lookup.NOT_FOUND if exc.code == 404 else Lookup.UNKNOWN
+
+
+connector_register(KeyedReceiver())
+connector_register(PlainReceiver())
+
+payer = Agent("payer", version=1, retry=RetryPolicy(max_attempts=3, initial_backoff=0.01))
+
+
+@payer.step(start=True, next=["receipt"])
+def charge(ctx, state):
+    charged = ctx.effect("charge", state.get("connector", "test_keyed"), url=state["url"],
+                         amount=state["amount"], searchable=state.get("searchable", False))
+    ctx.notify("receipt-mail", "test_keyed", url=state["url"].rsplit("/", 1)[0] + "/notify",
+               to="buyer@acme.test")
+    if ctx.attempt < state.get("fail_attempts_after_effect", 0) + 1:
+        raise RuntimeError("crashed after the charge, before the step ended")
+    if state.get("reuse_name"):
+        ctx.effect("charge", "test_keyed", url=state["url"], amount=state["amount"] + 1)
+    return goto("receipt", update={"charge": charged})
+
+
+@payer.step(next=[])
+def receipt(ctx, state):
+    return finish(state["charge"])
+
+
+# -- 3 effects per run, for the random-kill soak ----------------------------------------------
+triple = Agent("triple", version=1)
+
+
+@triple.step(start=True, next=["second"])
+def first(ctx, state):
+    import time
+
+    ctx.effect("one", "test_keyed", url=state["url"], n=1)
+    time.sleep(state.get("seconds", 0))
+    return goto("second")
+
+
+@triple.step(next=["third"])
+def second(ctx, state):
+    import time
+
+    ctx.effect("two", "test_keyed", url=state["url"], n=2)
+    time.sleep(state.get("seconds", 0))
+    return goto("third")
+
+
+@triple.step(next=[])
+def third(ctx, state):
+    return finish(ctx.effect("three", "test_keyed", url=state["url"], n=3))

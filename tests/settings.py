@@ -24,7 +24,8 @@ SEAWEEDFS_PORT = 18300 + 20 * SLOT
 # Short leases and a quick watchdog, so recovery tests finish in seconds (workers inherit these).
 for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
-                    "DISPATCH_TICK_SECONDS": "0.5"}.items():
+                    "DISPATCH_TICK_SECONDS": "0.5", "OUTBOX_BACKOFF_SECONDS": "0.2",
+                    "OUTBOX_SWEEP_SECONDS": "0.5"}.items():
     os.environ.setdefault(name, value)
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())

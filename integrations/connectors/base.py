@@ -6,6 +6,7 @@ and returns a JSON-serialisable result, or raises `ConnectorError`.
 """
 
 import enum
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
@@ -64,9 +65,12 @@ def connector_register(connector: Connector) -> Connector:
     return connector
 
 
+BUILTIN = ("email", "slack", "webhook", "payments", "model")
+
+
 def connector_get(name: str) -> Connector:
-    if not _connectors:
-        from . import email, model, payments, slack, webhook  # noqa: F401  (they register)
+    if name not in _connectors and name in BUILTIN:
+        importlib.import_module(f"{__package__}.{name}")  # registers itself
     try:
         return _connectors[name]
     except KeyError:
