@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from integrations import api as integrations_api
 from retention import api as retention_api
 from runs import api as runs_api
 
@@ -17,6 +18,8 @@ api_v1 = [
     path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
     path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),
     path("runs/<uuid:run_id>/archive", retention_api.RunArchive.as_view()),
+    path("credentials", integrations_api.CredentialList.as_view()),
+    path("credentials/<str:connector>/<str:label>", integrations_api.CredentialDetail.as_view()),
 ]
 
 urlpatterns = [

@@ -78,7 +78,10 @@ class EmailConnector(Connector):
                 f"email: the SMTP conversation broke off ({_reason(exc)}); the message may have "
                 "been delivered", retryable=True, sent=True) from None
         finally:
-            backend.close()
+            try:
+                backend.close()
+            except (smtplib.SMTPException, OSError):
+                pass  # the message was handed over (or the error above says why not)
         return {"message_id": message_id, "recipients": recipients}
 
 
