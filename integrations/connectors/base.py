@@ -65,8 +65,9 @@ def connector_register(connector: Connector) -> Connector:
 
 
 def connector_get(name: str) -> Connector:
-    if not _connectors:
-        from . import email, model, payments, slack, webhook  # noqa: F401  (they register)
+    # Import them all, even when one was imported directly already (it registered only itself).
+    from . import email, model, payments, slack, webhook  # noqa: F401  (they register)
+
     try:
         return _connectors[name]
     except KeyError:
