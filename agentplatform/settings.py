@@ -178,6 +178,33 @@ SANDBOX_WORKSPACE_MAX_BYTES = env.int("SANDBOX_WORKSPACE_MAX_BYTES", default=256
 SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
 SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
 
+# -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
+# Per-tenant credentials (integrations.Credential) override these; these suit one deployment.
+CONNECTOR_TIMEOUT_SECONDS = env.float("CONNECTOR_TIMEOUT_SECONDS", default=30.0)
+EMAIL_HOST = env("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = CONNECTOR_TIMEOUT_SECONDS
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="agentplatform@localhost")
+EMAIL_MESSAGE_ID_DOMAIN = env("EMAIL_MESSAGE_ID_DOMAIN", default="agentplatform.invalid")
+SLACK_API_URL = env("SLACK_API_URL", default="https://slack.com/api")
+# Reconciling a Slack message: how far back, and how many history pages, to search for its key.
+SLACK_LOOKUP_WINDOW_SECONDS = env.float("SLACK_LOOKUP_WINDOW_SECONDS", default=7 * 24 * 3600.0)
+SLACK_LOOKUP_MAX_PAGES = env.int("SLACK_LOOKUP_MAX_PAGES", default=10)
+STRIPE_API_URL = env("STRIPE_API_URL", default="https://api.stripe.com")
+OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="https://api.openai.com/v1")
+# USD per 1,000 tokens, (input, output), by model; MODEL_PRICE_DEFAULT for any other model.
+MODEL_PRICES = {name: tuple(price) for name, price in env.json("MODEL_PRICES", default={
+    "gpt-4o": [0.0025, 0.01],
+    "gpt-4o-mini": [0.00015, 0.0006],
+    "gpt-4.1": [0.002, 0.008],
+    "gpt-4.1-mini": [0.0004, 0.0016],
+}).items()}
+MODEL_PRICE_DEFAULT = tuple(env.json("MODEL_PRICE_DEFAULT", default=[0.01, 0.03]))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

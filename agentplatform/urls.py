@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from approvals import api as approvals_api
 from effects import api as effects_api
+from integrations import api as integrations_api
 from retention import api as retention_api
 from runs import api as runs_api
 
@@ -24,6 +25,8 @@ api_v1 = [
     path("approvals/<uuid:approval_id>/decide", approvals_api.ApprovalDecide.as_view()),
     path("events", approvals_api.EventCreate.as_view()),
     path("runs/<uuid:run_id>/archive", retention_api.RunArchive.as_view()),
+    path("credentials", integrations_api.CredentialList.as_view()),
+    path("credentials/<str:connector>/<str:label>", integrations_api.CredentialDetail.as_view()),
 ]
 
 urlpatterns = [

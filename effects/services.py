@@ -194,14 +194,9 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
 
 
 def _credentials(connector: str) -> dict:
-    try:
-        from integrations.credentials import credential_get
-    except ImportError:
-        return {}
-    try:
-        return credential_get(connector=connector)
-    except LookupError:
-        return {}
+    from integrations.credentials import credential_get
+
+    return credential_get(connector=connector, missing_ok=True)
 
 
 def budget_checker(*, run_id: UUID, requested_tokens: int):

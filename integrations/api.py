@@ -1,0 +1,72 @@
+"""REST API for connector credentials (`/api/v1/credentials`). Secrets go in, never come out."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentplatform.api_errors import ApiError
+
+from . import services
+from .connectors import connector_get
+from .models import Credential
+
+
+class CredentialSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Credential
+        fields = ["connector", "label", "key_version", "created_at", "updated_at"]
+
+
+class CredentialSetSerializer(serializers.Serializer):
+    secrets = serializers.DictField()
+
+
+class CredentialList(APIView):
+    """A tenant holds a handful of credentials: one page, ordered by connector and label."""
+
+    @extend_schema(responses=CredentialSerializer(many=True))
+    def get(self, request):
+        credentials = Credential.objects.order_by("connector", "label")
+        return Response({"results": CredentialSerializer(credentials, many=True).data})
+
+
+class CredentialDetail(APIView):
+    @extend_schema(responses=CredentialSerializer)
+    def get(self, request, connector, label):
+        return Response(CredentialSerializer(_credential_or_404(connector, label)).data)
+
+    @extend_schema(request=CredentialSetSerializer,
+                   responses={200: CredentialSerializer, 201: CredentialSerializer})
+    def put(self, request, connector, label):
+        body = CredentialSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            connector_get(connector)
+        except LookupError:
+            raise ApiError("unknown_connector", f"There is no connector named {connector!r}.") from None
+        existed = Credential.objects.filter(connector=connector, label=label).exists()
+        try:
+            credential = services.credential_set(
+                connector=connector, label=label, secrets=body.validated_data["secrets"])
+        except services.CredentialError as exc:
+            raise ApiError(exc.code, exc.message) from None
+        return Response(CredentialSerializer(credential).data,
+                        status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, connector, label):
+        if not services.credential_delete(connector=connector, label=label):
+            raise _not_found()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _credential_or_404(connector: str, label: str) -> Credential:
+    credential = Credential.objects.filter(connector=connector, label=label).first()
+    if credential is None:
+        raise _not_found()
+    return credential
+
+
+def _not_found() -> ApiError:
+    return ApiError("not_found", "No such credential.", status.HTTP_404_NOT_FOUND)

@@ -1,0 +1,96 @@
+"""Email over SMTP through Django's mail backend.
+
+args: to (address or list), subject, body, from (optional).
+credentials (optional, else EMAIL_* settings): host, port, username, password, use_tls, use_ssl,
+from (the default sender).
+result: {"message_id": "<...>", "recipients": [...]}.
+
+Plain SMTP cannot be asked whether a message arrived, so the key travels in the message
+(`X-Idempotency-Key`, and a Message-ID derived from it) for a receiver or a person to spot a
+duplicate, and `lookup` answers UNKNOWN.
+"""
+
+import hashlib
+import smtplib
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+
+from .base import Call, Connector, ConnectorError, connector_register
+
+
+def message_id_for(idempotency_key: str) -> str:
+    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
+    return f"<{digest}@{settings.EMAIL_MESSAGE_ID_DOMAIN}>"
+
+
+class EmailConnector(Connector):
+    name = "email"
+    honours_idempotency_key = False
+
+    def execute(self, call: Call) -> dict[str, Any]:
+        args, creds = call.args, call.credentials
+        to = args.get("to")
+        recipients = [to] if isinstance(to, str) else list(to or [])
+        if not recipients or not all(isinstance(r, str) and "@" in r for r in recipients):
+            raise ConnectorError("email: 'to' must be an address or a list of addresses", retryable=False)
+        for field in ("subject", "body"):
+            if not isinstance(args.get(field), str):
+                raise ConnectorError(f"email: {field!r} must be a string", retryable=False)
+        message_id = message_id_for(call.idempotency_key)
+        backend = get_connection(
+            "django.core.mail.backends.smtp.EmailBackend",
+            host=creds.get("host", settings.EMAIL_HOST),
+            port=int(creds.get("port", settings.EMAIL_PORT)),
+            username=creds.get("username", settings.EMAIL_HOST_USER),
+            password=creds.get("password", settings.EMAIL_HOST_PASSWORD),
+            use_tls=bool(creds.get("use_tls", settings.EMAIL_USE_TLS)),
+            use_ssl=bool(creds.get("use_ssl", settings.EMAIL_USE_SSL)),
+            timeout=settings.CONNECTOR_TIMEOUT_SECONDS,
+            fail_silently=False,
+        )
+        message = EmailMessage(
+            subject=args["subject"], body=args["body"], to=recipients,
+            from_email=args.get("from") or creds.get("from") or settings.DEFAULT_FROM_EMAIL,
+            connection=backend,
+            headers={"Message-ID": message_id, "X-Idempotency-Key": call.idempotency_key},
+        )
+        try:
+            backend.open()  # a failure here means the server saw no message: safe to send again
+        except smtplib.SMTPAuthenticationError as exc:
+            raise ConnectorError(f"email: SMTP authentication failed ({exc.smtp_code})",
+                                 retryable=False) from None
+        except (smtplib.SMTPException, OSError) as exc:
+            raise ConnectorError(f"email: cannot open an SMTP session: {_reason(exc)}",
+                                 retryable=True, sent=False) from None
+        try:
+            backend.send_messages([message])
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise ConnectorError(f"email: recipients refused: {sorted(exc.recipients)}",
+                                 retryable=False) from None
+        except smtplib.SMTPResponseException as exc:
+            # 4xx: the server declined for now; 5xx: for good. Either way it did not take it.
+            raise ConnectorError(f"email: SMTP server said {exc.smtp_code} {_text(exc.smtp_error)}",
+                                 retryable=400 <= exc.smtp_code < 500) from None
+        except (smtplib.SMTPException, OSError) as exc:
+            raise ConnectorError(
+                f"email: the SMTP conversation broke off ({_reason(exc)}); the message may have "
+                "been delivered", retryable=True, sent=True) from None
+        finally:
+            try:
+                backend.close()
+            except (smtplib.SMTPException, OSError):
+                pass  # the message was handed over (or the error above says why not)
+        return {"message_id": message_id, "recipients": recipients}
+
+
+def _reason(exc: BaseException) -> str:
+    return "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+connector_register(EmailConnector())

@@ -1,0 +1,86 @@
+"""Model calls through an OpenAI-compatible `POST {base_url}/chat/completions`.
+
+args: model, messages, and optionally max_tokens, temperature, top_p, stop, seed, tools,
+tool_choice, response_format (passed through as the provider documents them).
+credentials: api_key, optionally base_url (else OPENAI_BASE_URL).
+result: {"id", "model", "content", "finish_reason", "tool_calls" (only when the model called
+tools), "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}, "cost_usd"}.
+
+The key is sent as Idempotency-Key, but providers promise nothing about it, so the connector
+declares that it does not honour keys: the ledger records the answer, and a recorded call is
+never made again.
+"""
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+
+from . import transport
+from .base import Call, Connector, ConnectorError, connector_register
+
+OPTIONAL = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "tools",
+            "tool_choice", "response_format", "user")
+RETRYABLE_STATUS = {408, 409, 429}
+
+
+def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
+    """USD for the tokens, from MODEL_PRICES (per 1,000 tokens) or MODEL_PRICE_DEFAULT."""
+    price_in, price_out = settings.MODEL_PRICES.get(model, settings.MODEL_PRICE_DEFAULT)
+    cost = (Decimal(str(price_in)) * prompt_tokens + Decimal(str(price_out)) * completion_tokens) / 1000
+    return float(round(cost, 8))
+
+
+class ModelConnector(Connector):
+    name = "model"
+    honours_idempotency_key = False
+
+    def execute(self, call: Call) -> dict[str, Any]:
+        args = call.args
+        if not isinstance(args.get("model"), str) or not args["model"]:
+            raise ConnectorError("model: 'model' is required", retryable=False)
+        if not isinstance(args.get("messages"), list) or not args["messages"]:
+            raise ConnectorError("model: 'messages' must be a non-empty list", retryable=False)
+        api_key = call.credentials.get("api_key")
+        if not api_key:
+            raise ConnectorError("model: no api_key in the tenant's model credential", retryable=False)
+        body = {"model": args["model"], "messages": args["messages"],
+                **{key: args[key] for key in OPTIONAL if key in args}}
+        base = (call.credentials.get("base_url") or settings.OPENAI_BASE_URL).rstrip("/")
+        response = transport.request(
+            "POST", f"{base}/chat/completions", body=json.dumps(body).encode(), receiver="model",
+            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+                     "Idempotency-Key": call.idempotency_key})
+        answer = response.json()
+        if response.status >= 400 or not isinstance(answer, dict):
+            error = (answer or {}).get("error") if isinstance(answer, dict) else None
+            detail = error.get("message") if isinstance(error, dict) else None
+            raise ConnectorError(
+                f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
+                + response.retry_after(),
+                retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
+                sent=response.status >= 500)
+        try:
+            choice = answer["choices"][0]
+            usage = answer.get("usage") or {}
+            prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ConnectorError("model: the provider's answer has no choices", retryable=False,
+                                 sent=True) from None
+        message = choice.get("message") or {}
+        result = {
+            "id": answer.get("id"),
+            "model": answer.get("model", args["model"]),
+            "content": message.get("content"),
+            "finish_reason": choice.get("finish_reason"),
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": int(usage.get("total_tokens", prompt + completion))},
+            "cost_usd": cost_usd(args["model"], prompt, completion),
+        }
+        if message.get("tool_calls"):
+            result["tool_calls"] = message["tool_calls"]
+        return result
+
+
+connector_register(ModelConnector())
