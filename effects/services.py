@@ -194,7 +194,7 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
 
 
 def _credentials(connector: str) -> dict:
-    from integrations.credentials import credential_get
+    from integrations.services import credential_get
 
     return credential_get(connector=connector, missing_ok=True)
 
