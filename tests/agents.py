@@ -309,3 +309,39 @@ def second(ctx, state):
 @triple.step(next=[])
 def third(ctx, state):
     return finish(ctx.effect("three", "test_keyed", url=state["url"], n=3))
+
+
+# -- the real connectors, for crash tests ------------------------------------------------------
+worldly = Agent("worldly", version=1, retry=RetryPolicy(max_attempts=5, initial_backoff=0.5))
+
+
+@worldly.step(start=True, next=["after"])
+def act(ctx, state):
+    import time
+
+    match state["what"]:
+        case "pay":
+            result = ctx.effect("charge", "payments", amount=state.get("amount", 1999),
+                                currency="usd", source="tok_visa")
+        case "mail":
+            result = ctx.effect("welcome", "email", to="new.hire@acme.test",
+                                subject="Welcome aboard", body="Your first day is Monday.")
+        case "think":
+            result = ctx.model([{"role": "user", "content": "plan the first day"}],
+                               model="gpt-test", max_tokens=state.get("max_tokens", 50))
+    if marker := state.get("pause_while"):  # the window a test kills the worker in
+        from pathlib import Path
+
+        deadline = time.monotonic() + 30
+        while Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return goto("after", update={"result": result})
+
+
+@worldly.step(next=["after"])
+def after(ctx, state):
+    if state["what"] == "think" and state.get("think_again"):
+        second = ctx.model([{"role": "user", "content": "and the second day"}],
+                           model="gpt-test", max_tokens=state.get("max_tokens", 50))
+        return finish({"first": state["result"], "second": second})
+    return finish(state["result"])

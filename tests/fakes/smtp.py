@@ -4,6 +4,7 @@
 """
 
 import argparse
+import asyncio
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ class Inbox:
         self.messages: list[EmailMessage] = []
         self.envelopes: list[tuple[str, list[str]]] = []
         self.reject_next = 0
+        self.hold_seconds = 0.0  # keep the sender waiting for its 250 after accepting
 
     async def handle_DATA(self, server, session, envelope):  # noqa: N802
         with self.lock:
@@ -29,6 +31,9 @@ class Inbox:
                 return "451 4.3.0 try again later"
             self.messages.append(message_from_bytes(envelope.content, policy=policy.default))
             self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+            hold = self.hold_seconds
+        if hold:
+            await asyncio.sleep(hold)
         return "250 OK"
 
     def by_header(self, name: str, value: str) -> list[EmailMessage]:
