@@ -29,6 +29,7 @@ SHARED_APPS = [
     "tenants",  # before django_tenants so our create_tenant command is the one that runs
     "django_tenants",
     "dispatch",
+    "webhooks",  # tenant connections and webhook dedupe: found before any schema is set
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "django.contrib.sessions",
@@ -204,6 +205,15 @@ MODEL_PRICES = {name: tuple(price) for name, price in env.json("MODEL_PRICES", d
     "gpt-4.1-mini": [0.0004, 0.0016],
 }).items()}
 MODEL_PRICE_DEFAULT = tuple(env.json("MODEL_PRICE_DEFAULT", default=[0.01, 0.03]))
+
+# -- webhooks: Slack and Gmail (docs/webhooks.md) ------------------------------------------------
+SLACK_TIMESTAMP_WINDOW_SECONDS = env.int("SLACK_TIMESTAMP_WINDOW_SECONDS", default=300)
+# Google's signing keys for Pub/Sub push OIDC tokens (JWKS), fetched with a timeout and cached.
+GOOGLE_OIDC_CERTS_URL = env("GOOGLE_OIDC_CERTS_URL", default="https://www.googleapis.com/oauth2/v3/certs")
+# A JWKS (JSON text) trusted instead of fetching GOOGLE_OIDC_CERTS_URL: tests, air-gapped setups.
+GOOGLE_OIDC_JWKS = env("GOOGLE_OIDC_JWKS", default="")
+GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS = env.float("GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS", default=3.0)
+GOOGLE_OIDC_CACHE_SECONDS = env.int("GOOGLE_OIDC_CACHE_SECONDS", default=3600)
 
 LOGGING = {
     "version": 1,

@@ -7,6 +7,8 @@ from effects import api as effects_api
 from integrations import api as integrations_api
 from retention import api as retention_api
 from runs import api as runs_api
+from webhooks import api as webhooks_api
+from webhooks import views as webhooks_views
 
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
@@ -27,9 +29,23 @@ api_v1 = [
     path("runs/<uuid:run_id>/archive", retention_api.RunArchive.as_view()),
     path("credentials", integrations_api.CredentialList.as_view()),
     path("credentials/<str:connector>/<str:label>", integrations_api.CredentialDetail.as_view()),
+    path("connections/slack", webhooks_api.SlackConnectionListCreate.as_view()),
+    path("connections/slack/<uuid:connection_id>",
+         webhooks_api.ConnectionDelete.as_view(model=webhooks_api.SlackConnection)),
+    path("connections/gmail", webhooks_api.GmailConnectionListCreate.as_view()),
+    path("connections/gmail/<uuid:connection_id>",
+         webhooks_api.ConnectionDelete.as_view(model=webhooks_api.GmailConnection)),
+]
+
+webhooks = [
+    path("slack/<uuid:connection_id>/events", webhooks_views.slack_events, name="slack-events"),
+    path("slack/<uuid:connection_id>/interactivity", webhooks_views.slack_interactivity,
+         name="slack-interactivity"),
+    path("gmail/<uuid:connection_id>", webhooks_views.gmail_push, name="gmail-push"),
 ]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
+    path("webhooks/", include(webhooks)),
 ]

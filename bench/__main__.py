@@ -10,6 +10,7 @@ BENCHMARKS = {
     "fairness": "bench.fairness",
     "retention": "bench.retention",
     "sandbox": "bench.sandbox",
+    "resume": "bench.resume",
 }
 
 

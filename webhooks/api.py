@@ -1,0 +1,91 @@
+"""REST API for a tenant's Slack and Gmail connections (`/api/v1/connections/...`), by API key.
+The signing secret is write-only: it is sealed on the way in and never returned."""
+
+from django.urls import reverse
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentplatform.api_errors import ApiError
+
+from . import services
+from .models import GmailConnection, SlackConnection
+
+
+class SlackConnectionSerializer(serializers.ModelSerializer):
+    signing_secret = serializers.CharField(write_only=True, max_length=200,
+                                           style={"input_type": "password"})
+    events_url = serializers.SerializerMethodField()
+    interactivity_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = SlackConnection
+        fields = ["id", "team_id", "approvals_channel", "signing_secret", "events_url",
+                  "interactivity_url", "created_at"]
+        extra_kwargs = {"team_id": {"validators": []}}  # uniqueness: the service answers 409
+
+    def _url(self, name, connection) -> str:
+        path = reverse(name, args=[connection.id])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path
+
+    def get_events_url(self, connection) -> str:
+        return self._url("slack-events", connection)
+
+    def get_interactivity_url(self, connection) -> str:
+        return self._url("slack-interactivity", connection)
+
+
+class GmailConnectionSerializer(serializers.ModelSerializer):
+    push_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GmailConnection
+        fields = ["id", "email", "audience", "service_account_email", "push_url", "created_at"]
+        extra_kwargs = {"email": {"validators": []}}
+
+    def get_push_url(self, connection) -> str:
+        path = reverse("gmail-push", args=[connection.id])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path
+
+
+def _create(request, serializer_class, create):
+    body = serializer_class(data=request.data, context={"request": request})
+    body.is_valid(raise_exception=True)
+    try:
+        connection = create(tenant=request.tenant, **body.validated_data)
+    except services.WebhookRejected as exc:
+        raise ApiError(exc.code, exc.message, exc.http_status) from None
+    return Response(serializer_class(connection, context={"request": request}).data,
+                    status=status.HTTP_201_CREATED)
+
+
+class SlackConnectionListCreate(APIView):
+    def get(self, request):
+        rows = SlackConnection.objects.filter(tenant=request.tenant).order_by("created_at")
+        return Response(SlackConnectionSerializer(rows, many=True,
+                                                  context={"request": request}).data)
+
+    def post(self, request):
+        return _create(request, SlackConnectionSerializer, services.slack_connection_create)
+
+
+class GmailConnectionListCreate(APIView):
+    def get(self, request):
+        rows = GmailConnection.objects.filter(tenant=request.tenant).order_by("created_at")
+        return Response(GmailConnectionSerializer(rows, many=True,
+                                                  context={"request": request}).data)
+
+    def post(self, request):
+        return _create(request, GmailConnectionSerializer, services.gmail_connection_create)
+
+
+class ConnectionDelete(APIView):
+    model = None
+
+    def delete(self, request, connection_id):
+        deleted, _ = self.model.objects.filter(tenant=request.tenant, id=connection_id).delete()
+        if not deleted:
+            raise ApiError("not_found", "No such connection.", status.HTTP_404_NOT_FOUND)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,71 @@
+"""Deliver an event to a tenant through the public API, as a customer's system would:
+`python manage.py demo_event docs.signed ada@demo.test [--payload '{"signed": true}']`."""
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+def demo_key_path(tenant: str) -> Path:
+    return Path(settings.BASE_DIR) / ".dev" / f"demo-api-key-{tenant}"
+
+
+def demo_key(tenant: str) -> str:
+    """The tenant's API key for the demo: AGENTPLATFORM_API_KEY, else the key run_demo minted
+    into .dev/ (local development only; the database stores only its hash)."""
+    if key := os.environ.get("AGENTPLATFORM_API_KEY"):
+        return key
+    path = demo_key_path(tenant)
+    if path.exists():
+        return path.read_text().strip()
+    from tenants.models import Tenant
+    from tenants.services import api_key_create
+
+    tenant_row = Tenant.objects.filter(schema_name=tenant).first()
+    if tenant_row is None:
+        raise CommandError(f"no tenant {tenant!r}: run `python manage.py create_tenant {tenant}`")
+    _, key = api_key_create(tenant=tenant_row, name="demo-cli")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(key + "\n")
+    return key
+
+
+class Command(BaseCommand):
+    help = "Deliver an event (kind, key) to a tenant through POST /api/v1/events."
+
+    def add_arguments(self, parser):
+        parser.add_argument("kind")
+        parser.add_argument("key")
+        parser.add_argument("--tenant", default="demo")
+        parser.add_argument("--payload", default="{}", help="a JSON object")
+        parser.add_argument("--id", default=None, help="dedupe id: the same id is delivered once")
+        parser.add_argument("--url", default=os.environ.get("AGENTPLATFORM_URL",
+                                                            "http://127.0.0.1:8000"))
+
+    def handle(self, kind, key, tenant, payload, id, url, **options):
+        try:
+            body = {"kind": kind, "key": key, "payload": json.loads(payload)}
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}") from None
+        if id:
+            body["id"] = id
+        request = urllib.request.Request(
+            f"{url.rstrip('/')}/api/v1/events", data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {demo_key(tenant)}",
+                     "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise CommandError(f"{exc.code}: {exc.read().decode(errors='replace')}") from None
+        except urllib.error.URLError as exc:
+            raise CommandError(f"cannot reach {url} ({exc.reason}); is `make run` up?") from None
+        resumed = ", ".join(answer["resumed"]) or "no run (kept for a run that parks on it later)"
+        self.stdout.write(f"{kind} {key}: {'duplicate' if answer['duplicate'] else 'delivered'}; "
+                          f"resumed {resumed}")

@@ -1,0 +1,69 @@
+"""Start the onboarding demo for tenant `demo`, wait until it parks at its first wait, and print
+how to advance it. `deploy/dev up` runs this once the web server and a worker are up."""
+
+import os
+import shlex
+import time
+import uuid
+
+from django.core.management.base import BaseCommand, CommandError
+from django_tenants.utils import tenant_context
+
+from .demo_event import demo_key, demo_key_path
+
+
+class Command(BaseCommand):
+    help = "Start the onboarding demo run and print how to advance it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--tenant", default="demo")
+        parser.add_argument("--timeout", type=float, default=60.0,
+                            help="seconds to wait for the run's first wait (a worker must run)")
+        parser.add_argument("--hardware-timeout", type=float, default=600.0)
+        parser.add_argument("--url", default=os.environ.get("AGENTPLATFORM_URL",
+                                                            "http://127.0.0.1:8000"))
+
+    def handle(self, tenant, timeout, hardware_timeout, url, **options):
+        from runs.models import Run
+        from runs.services import run_start
+        from tenants.services import tenant_create
+
+        demo = tenant_create(schema_name=tenant).tenant
+        demo_key(tenant)  # minted now, so the commands printed below work as they are
+        email = f"ada-{uuid.uuid4().hex[:6]}@{tenant}.test"
+        with tenant_context(demo):
+            run = run_start(agent="onboarding", input={
+                "employee": {"name": "Ada Lovelace", "email": email},
+                "it_email": f"it@{tenant}.test", "start_date": "next Monday",
+                "hardware_timeout_seconds": hardware_timeout}).run
+            deadline = time.monotonic() + timeout
+            while True:
+                run.refresh_from_db()
+                if run.status in (Run.Status.WAITING, *Run.FINISHED):
+                    break
+                if time.monotonic() > deadline:
+                    raise CommandError(f"run {run.id} is still {run.status} after {timeout:.0f}s: "
+                                       "is a Celery worker running (make run)?")
+                time.sleep(0.2)
+        if run.status != Run.Status.WAITING:
+            raise CommandError(f"run {run.id} ended {run.status} before its first wait: "
+                               f"{run.error}")
+        key = f'"$(cat {shlex.quote(str(demo_key_path(tenant)))})"'
+        api = f"curl -s -H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json'"
+        pick = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"results\"][0][\"id\"])'"
+        self.stdout.write(f"""
+Onboarding demo: run {run.id} (tenant {tenant}) is {run.status}: {run.waiting_reason}
+It holds no worker while it waits. Advance it:
+
+  1. the new hire signs the documents (an event keyed on her email):
+       python manage.py demo_event docs.signed {email} --tenant {tenant} --payload '{{"signed": true}}'
+     IT provisioning then runs as a child run, and the manager is asked to approve the schedule.
+  2. the manager approves the day-one schedule (or the Approve button in Slack, if connected):
+       APPROVAL=$({api} '{url}/api/v1/approvals?status=pending&run={run.id}' | {pick})
+       {api} -X POST {url}/api/v1/approvals/$APPROVAL/decide -d '{{"decision": "approve"}}'
+  3. the hardware arrives (else, after {hardware_timeout:.0f}s, IT gets an escalation email):
+       python manage.py demo_event hardware.delivered {email} --tenant {tenant}
+
+  Watch it:  {api} {url}/api/v1/runs/{run.id}
+             {api} {url}/api/v1/runs/{run.id}/events
+""")

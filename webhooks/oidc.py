@@ -1,0 +1,75 @@
+"""Google OIDC tokens of Pub/Sub push requests: RS256 signature against Google's keys, issuer,
+audience, service-account email, email_verified (PyJWT).
+
+Keys come from settings.GOOGLE_OIDC_JWKS when set (tests sign with a local key configured
+there; nothing is fetched), else from GOOGLE_OIDC_CERTS_URL, fetched with a timeout and cached.
+"""
+
+import json
+import threading
+import time
+
+import jwt
+from django.conf import settings
+
+ISSUERS = ["accounts.google.com", "https://accounts.google.com"]
+
+
+class TokenRejected(Exception):
+    def __init__(self, code: str, message: str, http_status: int = 401):
+        super().__init__(message)
+        self.code, self.message, self.http_status = code, message, http_status
+
+
+_lock = threading.Lock()
+_cache: dict = {"source": None, "keys": {}, "fetched": 0.0}
+
+
+def _jwks_load() -> dict:
+    if settings.GOOGLE_OIDC_JWKS:
+        return json.loads(settings.GOOGLE_OIDC_JWKS)
+    import urllib.request
+
+    with urllib.request.urlopen(settings.GOOGLE_OIDC_CERTS_URL,
+                                timeout=settings.GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS) as response:
+        return json.loads(response.read())
+
+
+def signing_keys(*, refresh: bool = False) -> dict:
+    """kid -> public key; cached for GOOGLE_OIDC_CACHE_SECONDS (per configured source)."""
+    source = settings.GOOGLE_OIDC_JWKS or settings.GOOGLE_OIDC_CERTS_URL
+    with _lock:
+        fresh = time.monotonic() - _cache["fetched"] < settings.GOOGLE_OIDC_CACHE_SECONDS
+        if refresh or _cache["source"] != source or not fresh:
+            try:
+                jwks = jwt.PyJWKSet.from_dict(_jwks_load())
+            except Exception as exc:
+                raise TokenRejected("oidc_keys_unavailable",
+                                    f"Google's signing keys are unavailable: {exc}", 503) from exc
+            _cache.update(source=source, fetched=time.monotonic(),
+                          keys={k.key_id: k.key for k in jwks.keys})
+        return _cache["keys"]
+
+
+def google_token_verify(*, token: str, audience: str, email: str) -> dict:
+    """The token's claims if it is a valid Google OIDC token for `audience` issued to the
+    service account `email`; otherwise TokenRejected."""
+    try:
+        kid = jwt.get_unverified_header(token).get("kid")
+    except jwt.PyJWTError as exc:
+        raise TokenRejected("invalid_token", f"The bearer token is not a JWT: {exc}") from None
+    keys = signing_keys()
+    if kid not in keys:  # Google rotates keys: one refresh before refusing
+        keys = signing_keys(refresh=True)
+    if kid not in keys:
+        raise TokenRejected("invalid_token", "The token is signed by an unknown key.")
+    try:
+        claims = jwt.decode(token, keys[kid], algorithms=["RS256"], audience=audience,
+                            issuer=ISSUERS, leeway=30,
+                            options={"require": ["exp", "iat", "iss", "aud", "email"]})
+    except jwt.PyJWTError as exc:
+        raise TokenRejected("invalid_token", f"The token is not valid: {exc}") from None
+    if claims.get("email") != email or claims.get("email_verified") is not True:
+        raise TokenRejected("wrong_identity",
+                            "The token was not issued to this connection's service account.", 403)
+    return claims
