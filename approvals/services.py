@@ -52,7 +52,7 @@ def approval_open(*, run: Run, visit: int, request: dict, then: str, on_timeout:
 
     event_record(run_id=run.id, kind="approval_requested", visit=visit,
                  approval=str(approval.id), title=request.get("title", ""))
-    transaction.on_commit(lambda: approval_announce(approval_id=approval.id))
+    approval_announce(approval_id=approval.id)  # in this transaction: outbox rows commit with it
     return approval
 
 
@@ -61,7 +61,8 @@ def approval_announce(*, approval_id: UUID) -> None:
     (integrations register one that posts Approve / Reject buttons to Slack via the outbox)."""
     for announce in ANNOUNCERS:
         try:
-            announce(approval_id)
+            with transaction.atomic():  # a savepoint: a failing announcer rolls back only itself
+                announce(approval_id)
         except Exception:  # an announcement failing must not lose the approval
             log.exception("announcing approval %s failed", approval_id)
 

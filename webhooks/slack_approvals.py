@@ -66,12 +66,8 @@ def slack_approval_announce(approval_id: UUID) -> None:
                     .values_list("approvals_channel", flat=True)) if tenant else []
     if not channels:
         return
-    try:
-        from effects.services import outbox_enqueue
-    except ImportError:
-        log.info("approval %s: no effect outbox in this deploy; Slack announcement skipped",
-                 approval_id)
-        return
+    from effects.services import outbox_enqueue
+
     for channel in channels:
         outbox_enqueue(run_id=approval.run_id, name=f"slack_approval:{approval.id}:{channel}",
                        connector="slack",

@@ -85,6 +85,9 @@ class FakeSlack(FakeServer):
                        params.get("text", ""), "ts": ts}
             if params.get("thread_ts"):
                 message["thread_ts"] = params["thread_ts"]
+            if params.get("blocks"):  # history returns a message's blocks, as Slack does
+                blocks = params["blocks"]
+                message["blocks"] = json.loads(blocks) if isinstance(blocks, str) else blocks
             if metadata:
                 message["metadata"] = metadata
             self.messages.setdefault(channel_id, []).append(message)

@@ -4,7 +4,6 @@ real email to a local SMTP server: each email exactly once, even across a kill -
 import uuid
 
 import pytest
-
 from django.test import Client
 from django_tenants.utils import tenant_context
 

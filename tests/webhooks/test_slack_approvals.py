@@ -1,11 +1,13 @@
 """The Slack approval message: Block Kit built from the approval alone; sent via the outbox."""
 
-import logging
+import json
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-from webhooks.slack_approvals import approval_message_build, slack_approval_announce
+from tests.fakes.fixtures import fake_slack  # noqa: F401
+from tests.waiting import wait_for
+from webhooks.slack_approvals import approval_message_build
 
 
 def approval(**request):
@@ -36,21 +38,39 @@ def test_large_artifacts_are_cut_to_fit_a_section():
     assert len(message["blocks"][1]["text"]["text"]) <= 3000
 
 
-def test_announcer_is_registered_and_without_an_outbox_only_logs(in_acme, caplog):
-    from approvals.models import Approval
-    from approvals.services import ANNOUNCERS
-    from runs.services import run_cancel, run_start
+def test_parked_approval_goes_to_slack_through_the_outbox_and_a_click_decides_it(
+        acme, acme_api, worker, fake_slack):  # noqa: F811
+    from django.test import Client
+    from django_tenants.utils import tenant_context
+
+    from effects.models import OutboxMessage
+    from integrations.services import credential_set
+    from tests.approvals.test_inbox import status_of
+    from tests.webhooks.slack import click_body, signed_headers
     from webhooks.services import slack_connection_create
 
-    assert slack_approval_announce in ANNOUNCERS
-    slack_connection_create(tenant=in_acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",
-                            signing_secret="s", approvals_channel="C0APPROVALS")
-    run = run_start(agent="waiter", input={"how": "approval"}, enqueue=False).run
-    pending = Approval.objects.create(run=run, visit=1, request={"title": "Ship it?"}, then="x")
-    with caplog.at_level(logging.INFO, logger="webhooks.slack_approvals"):
-        slack_approval_announce(pending.id)  # effects.services does not exist on this branch
+    secret = uuid.uuid4().hex
+    slack = slack_connection_create(tenant=acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",
+                                    signing_secret=secret, approvals_channel="C0APPROVALS")
     try:
-        import effects.services  # noqa: F401
-    except ImportError:
-        assert "Slack announcement skipped" in caplog.text
-    run_cancel(run_id=run.id)
+        with tenant_context(acme):
+            credential_set(connector="slack", secrets={"token": "xoxb-test",
+                                                       "api_url": f"{fake_slack.url}/api"})
+        run_id = acme_api.post("/api/v1/runs", {"agent": "waiter", "input": {"how": "approval"}},
+                               format="json").json()["id"]
+        posted = wait_for(lambda: list(fake_slack.messages.get("C0APPROVALS", [])), timeout=30,
+                          what="the approval message in Slack")
+        assert len(posted) == 1
+        with tenant_context(acme):
+            message = OutboxMessage.objects.get(run_id=run_id)
+            assert message.status == "delivered" and message.connector == "slack"
+        approval_id = acme_api.get(f"/api/v1/approvals?run={run_id}").json()["results"][0]["id"]
+        assert approval_id in json.dumps(posted[0])
+        body = click_body(slack.team_id, approval_id, user="U0BOSS")
+        assert Client().post(f"/webhooks/slack/{slack.id}/interactivity", body,
+                             content_type="application/x-www-form-urlencoded",
+                             **signed_headers(secret, body)).status_code == 200
+        result = status_of(acme_api, run_id, "succeeded")["result"]
+        assert result["approved"] is True and result["by"] == "slack:U0BOSS"
+    finally:
+        slack.delete()
