@@ -41,7 +41,8 @@ def run_enqueue(run_id: UUID) -> None:
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
               durability: str = Run.Durability.SYNC, max_steps: int | None = None,
               max_wall_seconds: float | None = None, max_tokens: int | None = None,
-              max_cost_usd=None, idempotency_key: str | None = None, parent_id: UUID | None = None, enqueue: bool = True) -> Started:
+              max_cost_usd=None, idempotency_key: str | None = None,
+              parent_id: UUID | None = None, enqueue: bool = True) -> Started:
     """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
 
     A reused idempotency key returns the run it created, if the request was the same.
