@@ -22,6 +22,8 @@ from typing import Any
 
 from django.conf import settings
 
+from .egress import FORWARDER, JAIL_SOCKET, PROXY_PORT, EgressPolicy, EgressProxy
+
 SANDBOX_UID = 1000  # the uid inside the jail; mapped to SANDBOX_HOST_UID (or the worker's uid)
 WORKSPACE = "/workspace"
 ETC_FILES = ("ld.so.cache", "localtime", "nsswitch.conf", "alternatives")
@@ -186,7 +188,7 @@ def _passwd_files() -> tuple[Path, Path]:
 
 
 def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
-                command: list[str]) -> list[str]:
+                command: list[str], egress_socket: Path | None = None) -> list[str]:
     passwd, group = _passwd_files()
     argv = [
         bwrap,
@@ -212,6 +214,12 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
              "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     if workspace is not None:
         argv += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
+    if egress_socket is not None:  # still no route out: only the proxy's socket comes in
+        proxy = f"http://127.0.0.1:{PROXY_PORT}"
+        argv += ["--bind", str(egress_socket), JAIL_SOCKET]
+        for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+            argv += ["--setenv", name, proxy]
+        command = ["/usr/bin/python3", "-I", "-S", "-c", FORWARDER, JAIL_SOCKET, *command]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # bwrap's own tmpfs root and /dev
     cpu = max(1, int(limits.cpu_seconds))
     argv += [
@@ -291,9 +299,22 @@ def _limit_of(exit_code: int, stderr: str, *, timed_out: bool, disk_full: bool) 
 
 
 def sandbox_execute(*, workspace: Path, command: str | list[str], limits: Limits,
-                    files: dict[str, str | bytes] | None = None) -> SandboxResult:
+                    files: dict[str, str | bytes] | None = None,
+                    egress: EgressPolicy | None = None) -> SandboxResult:
     """Run `command` jailed with `workspace` at /workspace. Never raises for what the command
-    does; raises SandboxUnavailable (nothing ran) when the host cannot jail."""
+    does; raises SandboxUnavailable (nothing ran) when the host cannot jail. With an `egress`
+    policy that allows something, the jail reaches those hosts through a host-side proxy."""
+    if egress is None or not egress.rules:
+        return _execute(workspace=workspace, command=command, limits=limits, files=files)
+    sandbox_probe()  # no proxy for a host that cannot jail
+    with EgressProxy(egress, owner_uid=host_uid()) as socket_path:
+        return _execute(workspace=workspace, command=command, limits=limits, files=files,
+                        egress_socket=socket_path)
+
+
+def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
+             files: dict[str, str | bytes] | None, egress_socket: Path | None = None,
+             ) -> SandboxResult:
     sandbox_probe()
     argv = _command_argv(command)
     workspace.mkdir(parents=True, exist_ok=True)
@@ -304,7 +325,8 @@ def sandbox_execute(*, workspace: Path, command: str | list[str], limits: Limits
     quota = max(limits.workspace_bytes, workspace_bytes(workspace))
     started = time.monotonic()
     process = subprocess.Popen(
-        _bwrap_argv(settings.SANDBOX_BWRAP, workspace=workspace, limits=limits, command=argv),
+        _bwrap_argv(settings.SANDBOX_BWRAP, workspace=workspace, limits=limits, command=argv,
+                    egress_socket=egress_socket),
         env=_BWRAP_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True, **_user_kwargs(),
     )

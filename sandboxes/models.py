@@ -49,3 +49,11 @@ class WorkspaceSnapshot(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "visit"], name="workspace_snapshot_run_visit_unique")
         ]
+
+
+class SandboxEgressRule(models.Model):
+    """One entry of the tenant's egress allow-list (`host`, `*.domain` or an IP, optional
+    `:port`; see sandboxes/egress.py). No rows: the tenant's jails have no network at all."""
+
+    rule = models.CharField(max_length=300, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)

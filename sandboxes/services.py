@@ -29,6 +29,7 @@ from django.db import connection
 
 from agentplatform.s3 import s3_client
 
+from .egress import EgressPolicy, EgressRule, egress_rule_parse
 from .jail import (
     Limits,
     SandboxError,
@@ -38,7 +39,8 @@ from .jail import (
     sandbox_probe,
     workspace_chown,
 )
-from .models import SandboxExecution, WorkspaceSnapshot
+from .models import SandboxEgressRule, SandboxExecution, WorkspaceSnapshot
+from .selectors import egress_rules
 
 SNAPSHOT_MAGIC = b"APWS1\n"
 _process_token: tuple[int, str] | None = None
@@ -180,6 +182,22 @@ def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -
         workspace_chown(path, uid)
 
 
+# -- egress allow-list ------------------------------------------------------------------------
+
+def egress_allow(*, hosts: list[str]) -> list[EgressRule]:
+    """Add `hosts` to the current tenant's egress allow-list (validated first: all or none);
+    returns the whole list. Takes effect from the tenant's next sandbox call."""
+    rules = [egress_rule_parse(host) for host in hosts]
+    for rule in rules:
+        SandboxEgressRule.objects.get_or_create(rule=str(rule))
+    return egress_rules()
+
+
+def egress_clear() -> None:
+    """Empty the current tenant's allow-list: its jails are back to no network at all."""
+    SandboxEgressRule.objects.all().delete()
+
+
 # -- what a step sees: ctx.sandbox -----------------------------------------------------------
 
 def _recorded_command(command: str | list[str], files: dict[str, str | bytes] | None) -> dict:
@@ -237,8 +255,10 @@ class SandboxSession:
         meta = self.local.meta()
         was_dirty = meta["dirty_by"] is not None
         self.local.meta_write(**{**meta, "dirty_by": process_token()})
+        egress = EgressPolicy(tenant=self.schema, run=str(self.run_id),
+                              rules=tuple(egress_rules()))
         result = sandbox_execute(workspace=self.local.path, command=command, files=files,
-                                 limits=Limits.from_settings(timeout=timeout))
+                                 limits=Limits.from_settings(timeout=timeout), egress=egress)
         row = SandboxExecution.objects.create(
             run_id=self.run_id, visit=self.visit, name=name, command=recorded,
             exit_code=result.exit_code, limit=result.limit or "", stdout=result.stdout,
