@@ -127,7 +127,8 @@ class EgressPolicy:
         for family, _, _, _, sockaddr in infos:
             address = ipaddress.ip_address(sockaddr[0].split("%")[0])
             mapped = getattr(address, "ipv4_mapped", None)
-            if not (mapped or address).is_global:
+            checked = mapped or address
+            if not checked.is_global or checked.is_multicast or checked.is_reserved:
                 return [], f"resolves to a non-public address ({address})"
             addresses.append((family, sockaddr))
         return addresses, ""
