@@ -41,8 +41,8 @@ class Run(models.Model):
     max_wall_seconds = models.FloatField(default=3600.0)
     max_tokens = models.PositiveBigIntegerField(null=True, blank=True)  # model-call budgets
     max_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
-    tokens_used = models.PositiveBigIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    tokens_used = models.PositiveBigIntegerField(default=0, db_default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0, db_default=0)
     steps_taken = models.PositiveIntegerField(default=0)
     active_seconds = models.FloatField(default=0.0)
     cancel_requested = models.BooleanField(default=False)
