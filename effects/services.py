@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from opentelemetry import trace
 
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
@@ -28,6 +29,7 @@ from runs.models import Run
 from .models import Effect, OutboxMessage
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentplatform.effects")
 
 
 class EffectError(Exception):
@@ -72,6 +74,20 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
                    budget_check=None) -> Any:
     """Run the effect once. Returns the recorded or new result; raises EffectError,
     EffectRefused, NeedsPerson or BudgetExceeded."""
+    with tracer.start_as_current_span(f"effect {name}", attributes={
+            "run.id": str(scope.run_id), "effect": name, "connector": connector,
+            "scope": scope.key}) as span:
+        result = _effect_perform(scope=scope, name=name, connector=connector, args=args,
+                                 budget_check=budget_check, span=span)
+        usage = result.get("usage") if isinstance(result, dict) else None
+        if usage:
+            span.set_attribute("model.tokens", int(usage.get("total_tokens", 0)))
+            span.set_attribute("model.cost_usd", float(result.get("cost_usd", 0)))
+        return result
+
+
+def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budget_check,
+                    span) -> Any:
     receiver = connector_get(connector)
     schema = connection.schema_name
     digest = args_digest(args)
@@ -85,6 +101,7 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
         raise EffectRefused(
             f"effect {name!r} was already recorded in this step with different arguments; "
             "give each distinct operation its own name")
+    span.set_attribute("effect.recorded", effect.status == Effect.Status.DONE)
     match effect.status:
         case Effect.Status.DONE:
             return effect.result

@@ -7,6 +7,9 @@ class RunsConfig(AppConfig):
     def ready(self):
         # Agent modules register agents (and may register connectors): every process that
         # runs steps or delivers effects needs them, so they load with the app registry.
+        from agentplatform.telemetry import telemetry_setup
+
         from .agents import registry
 
         registry.load()
+        telemetry_setup()

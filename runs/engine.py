@@ -25,6 +25,7 @@ import psycopg
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
+from opentelemetry import trace
 
 from dispatch.services import ready_clear, ready_mark, ready_requeue
 from effects.models import OutboxMessage
@@ -54,6 +55,7 @@ from .transitions import (
 )
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentplatform.runs")
 
 
 CANCEL_POLL_SECONDS = 0.5
@@ -474,12 +476,17 @@ class Harness:
                               attempt=attempt, logs=logs, writer=self.writer, item=self.item,
                               branch=self.branch_index, epoch=self.epoch)
             try:
-                transition = step.fn(ctx, State(position.state, logs))
-                if not isinstance(transition, Transition):
-                    raise StepError(f"step {step.name!r} returned {transition!r}, not a transition")
-                self.notifications = ctx.notifications
-                ctx.step_completed()
-                return transition
+                with tracer.start_as_current_span(f"step {step.name}", attributes={
+                        "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
+                        "attempt": attempt}) as span:
+                    transition = step.fn(ctx, State(position.state, logs))
+                    if not isinstance(transition, Transition):
+                        raise StepError(
+                            f"step {step.name!r} returned {transition!r}, not a transition")
+                    span.set_attribute("transition", type(transition).__name__)
+                    self.notifications = ctx.notifications
+                    ctx.step_completed()
+                    return transition
             except (StepError, LeaseLost, NeedsPerson, BudgetExceeded):
                 raise
             except EffectRefused as exc:
@@ -672,7 +679,14 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     lease = {"schema": connection.schema_name, "table": Run._meta.db_table, "row_id": run.id}
     leases.hold(epoch=epoch, **lease)
     try:
-        return harness.go()
+        with tracer.start_as_current_span("run.advance", attributes={
+                "tenant": connection.schema_name, "run.id": str(run.id), "agent": run.agent,
+                "agent.version": run.agent_version, "lease.epoch": epoch,
+                "durability": run.durability}) as span:
+            outcome = harness.go()
+            span.set_attribute("outcome", outcome.value)
+            span.set_attribute("run.steps_taken", run.steps_taken)
+            return outcome
     except LeaseLost as exc:
         log.warning("stopping: %s", exc)
         return Outcome.LEASE_LOST
