@@ -182,6 +182,10 @@ SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024
 # -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
 # Per-tenant credentials (integrations.Credential) override these; these suit one deployment.
 CONNECTOR_TIMEOUT_SECONDS = env.float("CONNECTOR_TIMEOUT_SECONDS", default=30.0)
+# Tenant-supplied URLs and SMTP hosts may not point into private/loopback networks (SSRF);
+# tests and single-machine demos that run receivers on loopback turn this on.
+CONNECTOR_ALLOW_PRIVATE_DESTINATIONS = env.bool("CONNECTOR_ALLOW_PRIVATE_DESTINATIONS",
+                                                default=False)
 EMAIL_HOST = env("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")

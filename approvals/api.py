@@ -26,7 +26,6 @@ class DecisionSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
     artifact = serializers.JSONField(required=False)  # approve with an edited artifact
-    decided_by = serializers.CharField(required=False, max_length=200)
 
 
 class EventSerializer(serializers.Serializer):
@@ -76,7 +75,7 @@ class ApprovalDecide(APIView):
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        by = data.get("decided_by") or f"api:{request.user.api_key.name}"
+        by = f"api:{request.user.api_key.name}"  # who decides is who authenticated
         try:
             approval = services.approval_decide(
                 approval_id=approval_id, approve=data["decision"] == "approve", by=by,

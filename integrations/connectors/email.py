@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from .base import Call, Connector, ConnectorError, connector_register
+from .transport import destination_check
 
 
 def message_id_for(idempotency_key: str) -> str:
@@ -39,21 +40,25 @@ class EmailConnector(Connector):
             if not isinstance(args.get(field), str):
                 raise ConnectorError(f"email: {field!r} must be a string", retryable=False)
         message_id = message_id_for(call.idempotency_key)
-        backend = get_connection(
-            "django.core.mail.backends.smtp.EmailBackend",
-            host=creds.get("host", settings.EMAIL_HOST),
-            port=int(creds.get("port", settings.EMAIL_PORT)),
-            username=creds.get("username", settings.EMAIL_HOST_USER),
-            password=creds.get("password", settings.EMAIL_HOST_PASSWORD),
-            use_tls=bool(creds.get("use_tls", settings.EMAIL_USE_TLS)),
-            use_ssl=bool(creds.get("use_ssl", settings.EMAIL_USE_SSL)),
-            timeout=settings.CONNECTOR_TIMEOUT_SECONDS,
-            fail_silently=False,
-        )
+        if creds.get("host"):  # the tenant's own server: its values only, never ours
+            destination_check(creds["host"], receiver="email")
+            smtp = {"host": creds["host"], "port": int(creds.get("port", 587)),
+                    "username": creds.get("username", ""), "password": creds.get("password", ""),
+                    "use_tls": bool(creds.get("use_tls", False)),
+                    "use_ssl": bool(creds.get("use_ssl", False))}
+            sender, reply_to = args.get("from") or creds.get("from") or settings.DEFAULT_FROM_EMAIL, []
+        else:  # the platform's relay: its login never goes elsewhere, and it sends as itself
+            smtp = {"host": settings.EMAIL_HOST, "port": settings.EMAIL_PORT,
+                    "username": settings.EMAIL_HOST_USER, "password": settings.EMAIL_HOST_PASSWORD,
+                    "use_tls": settings.EMAIL_USE_TLS, "use_ssl": settings.EMAIL_USE_SSL}
+            sender = settings.DEFAULT_FROM_EMAIL
+            reply_to = [args["from"]] if args.get("from") else []
+        backend = get_connection("django.core.mail.backends.smtp.EmailBackend",
+                                 timeout=settings.CONNECTOR_TIMEOUT_SECONDS, fail_silently=False,
+                                 **smtp)
         message = EmailMessage(
-            subject=args["subject"], body=args["body"], to=recipients,
-            from_email=args.get("from") or creds.get("from") or settings.DEFAULT_FROM_EMAIL,
-            connection=backend,
+            subject=args["subject"], body=args["body"], to=recipients, from_email=sender,
+            reply_to=reply_to, connection=backend,
             headers={"Message-ID": message_id, "X-Idempotency-Key": call.idempotency_key},
         )
         try:

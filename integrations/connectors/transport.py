@@ -6,6 +6,7 @@ Nothing here logs; headers carry secrets.
 """
 
 import http.client
+import ipaddress
 import json
 import socket
 import ssl
@@ -37,6 +38,30 @@ class Response:
         return f" (retry after {value}s)" if value else ""
 
 
+def operator_hosts() -> set[str]:
+    """Hosts the operator configured (settings); tenants' URLs get no such trust."""
+    urls = (settings.SLACK_API_URL, settings.STRIPE_API_URL, settings.OPENAI_BASE_URL)
+    return {urlsplit(u).hostname for u in urls if u} | {settings.EMAIL_HOST}
+
+
+def destination_check(host: str, *, receiver: str) -> None:
+    """Refuse a tenant-supplied destination inside our networks (loopback, private, link-local,
+    metadata...): workers must not become a tenant's way into them (SSRF)."""
+    if settings.CONNECTOR_ALLOW_PRIVATE_DESTINATIONS or host in operator_hosts():
+        return
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return  # unresolvable: connecting fails on its own, with sent=False
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if getattr(ip, "ipv4_mapped", None):
+            ip = ip.ipv4_mapped
+        if not ip.is_global or ip.is_multicast:
+            raise ConnectorError(f"{receiver}: {host} resolves to a non-public address; "
+                                 "refused", retryable=False)
+
+
 def request(method: str, url: str, *, headers: dict[str, str], body: bytes | None = None,
             timeout: float | None = None, receiver: str) -> Response:
     """Send one request. Raises ConnectorError(retryable=True) on transport failures, with
@@ -44,6 +69,7 @@ def request(method: str, url: str, *, headers: dict[str, str], body: bytes | Non
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConnectorError(f"{receiver}: {url!r} is not an http(s) URL", retryable=False)
+    destination_check(parts.hostname, receiver=receiver)
     timeout = settings.CONNECTOR_TIMEOUT_SECONDS if timeout is None else timeout
     if parts.scheme == "https":
         conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,

@@ -39,13 +39,14 @@ def test_parked_run_holds_nothing_and_resumes_on_the_decision(acme, acme_api, wo
 
     decided = acme_api.post(f"/api/v1/approvals/{approval['id']}/decide",
                             {"decision": "approve", "comment": "go", "decided_by": "maria"},
+                            # decided_by is not accepted: who decides is who authenticated
                             format="json")
     assert decided.status_code == 200 and decided.json()["status"] == "approved"
     done = status_of(acme_api, run_id, "succeeded")
-    assert done["result"]["approved"] is True and done["result"]["by"] == "maria"
+    assert done["result"]["approved"] is True and done["result"]["by"] == "api:default"
     events = acme_api.get(f"/api/v1/runs/{run_id}/events").json()["results"]
     decision = next(e for e in events if e["kind"] == "approval_decided")
-    assert decision["data"]["by"] == "maria" and decision["data"]["comment"] == "go"
+    assert decision["data"]["by"] == "api:default" and decision["data"]["comment"] == "go"
 
     again = acme_api.post(f"/api/v1/approvals/{approval['id']}/decide", {"decision": "reject"},
                           format="json")
@@ -68,16 +69,19 @@ def test_approve_with_an_edited_artifact_and_reject(acme_api, worker):
     assert result["approved"] is False and result["by"].startswith("api:")
 
 
-def test_only_named_deciders_may_decide(acme_api, worker):
-    run_id = start(acme_api, how="approval", deciders=["cfo@acme.test"])
+def test_only_named_deciders_may_decide(acme, acme_api, worker):
+    from tenants.services import api_key_create
+    from tests.conftest import api_client
+
+    cfo = api_client(api_key_create(tenant=acme, name="cfo")[1])
+    run_id = start(acme_api, how="approval", deciders=["api:cfo"])
     approval = pending_approval(acme_api, run_id)
     refused = acme_api.post(f"/api/v1/approvals/{approval['id']}/decide",
-                            {"decision": "approve", "decided_by": "intern@acme.test"},
-                            format="json")
+                            {"decision": "approve", "decided_by": "api:cfo"}, format="json")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_a_decider"
-    acme_api.post(f"/api/v1/approvals/{approval['id']}/decide",
-                  {"decision": "approve", "decided_by": "cfo@acme.test"}, format="json")
-    status_of(acme_api, run_id, "succeeded")
+    assert cfo.post(f"/api/v1/approvals/{approval['id']}/decide", {"decision": "approve"},
+                    format="json").status_code == 200
+    assert status_of(acme_api, run_id, "succeeded")["result"]["by"] == "api:cfo"
 
 
 def test_another_tenants_approval_is_404_and_unchanged(acme_api, globex_api, worker):

@@ -1,0 +1,23 @@
+"""The platform's SMTP login is never sent to a tenant's server, and the relay sends as us."""
+
+from uuid import uuid4
+
+from integrations.connectors import Call
+from integrations.connectors.base import connector_get
+from tests.fakes.fixtures import smtp_server  # noqa: F401
+
+
+def call(args, creds):
+    return Call(tenant="acme", run_id=uuid4(), effect="e", idempotency_key=uuid4().hex,
+                args=args, credentials=creds)
+
+
+def test_platform_relay_sends_as_the_platform_with_the_tenants_address_as_reply_to(
+        settings, smtp_server):  # noqa: F811
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_server.port
+    settings.DEFAULT_FROM_EMAIL = "noreply@platform.test"
+    connector_get("email").execute(call({"to": "a@b.test", "subject": "s", "body": "b",
+                                         "from": "ceo@bank.test"}, {}))
+    message = smtp_server.messages[-1]
+    assert message["From"] == "noreply@platform.test"
+    assert message["Reply-To"] == "ceo@bank.test"
