@@ -132,9 +132,10 @@ def gate_open(*, run: Run, visit: int, kind: str, key: str, then: str, on_timeou
     """Open a gate; an event that arrived before the run parked is matched now (no lost
     wake-up: the event row and this check are serialised by the row lock on the event)."""
     expires_at = timezone.now() + timeout if timeout else None
+    _correlation_lock(kind, key)
     gate = EventGate.objects.create(run=run, visit=visit, kind=kind, key=key, then=then,
                                     on_timeout=on_timeout or "", expires_at=expires_at)
-    early = (InboundEvent.objects.select_for_update(skip_locked=True)
+    early = (InboundEvent.objects.select_for_update()
              .filter(kind=kind, key=key, consumed_at=None).order_by("received_at").first())
     if early is not None:
         _gate_resolve(gate, early)
@@ -153,6 +154,7 @@ class Delivery:
 def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None) -> Delivery:
     """Record an event and wake every run whose open gate matches. Idempotent by source_id."""
     with transaction.atomic():
+        _correlation_lock(kind, key)
         try:
             with transaction.atomic():
                 event = InboundEvent.objects.create(kind=kind, key=key, payload=payload,
@@ -167,6 +169,14 @@ def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None =
             if _gate_resolve(gate, event):
                 resumed.append(gate.run_id)
     return Delivery(event, resumed=resumed)
+
+
+def _correlation_lock(kind: str, key: str) -> None:
+    """Serialise a gate opening and an event arriving for the same (kind, key): without it each
+    could commit unseen by the other, and the run would wait for an event already stored."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                       [f"{connection.schema_name}\x1f{kind}\x1f{key}"])
 
 
 def _gate_resolve(gate: EventGate, event: InboundEvent) -> bool:

@@ -112,28 +112,36 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     call = Call(tenant=schema, run_id=scope.run_id, effect=name,
                 idempotency_key=effect.idempotency_key, args=args,
                 credentials=_credentials(connector))
-    if effect.status == Effect.Status.PENDING and effect.attempts > 0 \
-            and not receiver.honours_idempotency_key:
+    if effect.attempts > 0 and not receiver.honours_idempotency_key and (
+            effect.status == Effect.Status.PENDING
+            or (effect.status == Effect.Status.FAILED and effect.retryable)):
         # An earlier attempt may have reached a receiver that ignores our key: ask it.
         found = receiver.lookup(call)
         if isinstance(found, Found):
             return _effect_done(effect, found.result, reconciled=True)
         if found is Lookup.UNKNOWN:
-            Effect.objects.filter(id=effect.id).update(status=Effect.Status.UNKNOWN)
+            Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
+                status=Effect.Status.UNKNOWN)
             effect.status = Effect.Status.UNKNOWN
             raise NeedsPerson("effect_outcome", _unknown_request(effect))
     if budget_check and effect.attempts == 0:
         budget_check()
-    Effect.objects.filter(id=effect.id).update(attempts=F("attempts") + 1)  # committed first
+    # Committed before the call, and only while our lease holds: "pending with attempts > 0"
+    # is what tells a later attempt that this one may have reached the receiver.
+    started = Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
+        attempts=F("attempts") + 1, status=Effect.Status.PENDING)
+    _lease_check(scope, name)
+    if not started:
+        return Effect.objects.get(id=effect.id).result
     try:
         result = receiver.execute(call)
     except ConnectorError as exc:
         if exc.sent and not receiver.honours_idempotency_key:
-            Effect.objects.filter(id=effect.id).update(status=Effect.Status.UNKNOWN,
-                                                       error=str(exc))
+            Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
+                status=Effect.Status.UNKNOWN, error=str(exc))
             effect.status, effect.error = Effect.Status.UNKNOWN, str(exc)
             raise NeedsPerson("effect_outcome", _unknown_request(effect)) from exc
-        Effect.objects.filter(id=effect.id).update(
+        Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
             status=Effect.Status.FAILED, error=str(exc), retryable=exc.retryable)
         if exc.retryable:
             raise EffectError(f"effect {name!r} via {connector}: {exc}") from exc
@@ -157,15 +165,27 @@ def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, diges
             SELECT r.id, %s, %s, %s, %s::jsonb, %s, %s, 'pending', '', false, 0, now()
               FROM {Run._meta.db_table} r WHERE r.id = %s {fence}
             ON CONFLICT DO NOTHING
+            RETURNING id
             """,
             [scope.key, name, connector, json.dumps(args, default=str), digest, key,
              scope.run_id] + ([scope.epoch] if scope.epoch >= 0 else []),
         )
+        inserted = cursor.fetchone()
     effect = Effect.objects.filter(run_id=scope.run_id, scope=scope.key, name=name).first()
+    if inserted is None:  # fenced off, or someone inserted it first: is our lease still ours?
+        _lease_check(scope, name)
     if effect is None:
+        raise LeaseLost(f"run {scope.run_id}: effect {name!r} not started")
+    return effect
+
+
+def _lease_check(scope: Scope, name: str) -> None:
+    from runs.engine import LeaseLost
+
+    if scope.epoch >= 0 and not Run.objects.filter(id=scope.run_id,
+                                                   lease_epoch=scope.epoch).exists():
         raise LeaseLost(f"run {scope.run_id}: lease epoch {scope.epoch} was taken over "
                         f"(effect {name!r} not started)")
-    return effect
 
 
 def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
@@ -256,7 +276,8 @@ def outbox_deliver(*, message_id: int) -> str:
     """Deliver one message (at least once); on failure, back off exponentially."""
     with transaction.atomic():
         message = (OutboxMessage.objects.select_for_update(skip_locked=True)
-                   .filter(id=message_id, status=OutboxMessage.Status.PENDING).first())
+                   .filter(id=message_id, status=OutboxMessage.Status.PENDING,
+                           next_attempt_at__lte=timezone.now()).first())
         if message is None:
             return "skipped"
         # Claim the attempt before calling, so a crash here costs a delay, not a duplicate loop.

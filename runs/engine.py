@@ -73,6 +73,11 @@ class LeaseLost(Exception):
     """The run's lease epoch moved on: another worker owns the run now."""
 
 
+class CheckpointWriteFailed(Exception):
+    """A checkpoint could not be written (async/exit modes): the run must stop here and be
+    resumed from its last durable checkpoint, never continue past the gap."""
+
+
 class StepError(Exception):
     """A step broke the rules of the engine; retrying cannot help."""
 
@@ -127,6 +132,7 @@ class CheckpointWriter:
         self.mode = run.durability
         self._held: Position | None = None
         self.cancel_requested = False
+        self._failed: Exception | None = None  # sticky: after a failed write, nothing more
         self._future: Future | None = None
         self._executor: ThreadPoolExecutor | None = None
         if self.mode == Run.Durability.ASYNC:
@@ -152,8 +158,14 @@ class CheckpointWriter:
         """Make everything handed over so far durable."""
         self._wait()
         if self._held is not None:
-            held, self._held = self._held, None
-            self._commit(held)
+            try:
+                self._commit(self._held)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                self._failed = exc
+                raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
+            self._held = None
 
     def unwritten_values(self, log_name: str) -> list[Any]:
         """Values of log entries handed over but not yet in the database, in order."""
@@ -182,9 +194,17 @@ class CheckpointWriter:
                 self._executor.shutdown(wait=True)
 
     def _wait(self) -> None:
+        if self._failed is not None:
+            raise CheckpointWriteFailed(f"an earlier checkpoint write failed: {self._failed}")
         if self._future is not None:
-            future, self._future = self._future, None
-            future.result()  # re-raises LeaseLost or a database error from the writer
+            try:
+                self._future.result()
+            except LeaseLost:
+                raise
+            except Exception as exc:  # later positions build on this one: stop here
+                self._failed = exc
+                raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
+            self._future = None
 
     def _commit_after(self, previous: Future | None, position: Position) -> None:
         if previous is not None:
@@ -218,8 +238,8 @@ def _prepared(sql: str, params: list[Any]) -> tuple | None:
     planned once per connection, and no `SET search_path` round trip precedes it (tables are
     schema-qualified). Joins the surrounding transaction, if any."""
     connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql, params, prepare=True)
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
         return cursor.fetchone()
 
 
@@ -242,8 +262,9 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
             SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, now() FROM fence
         ), entries AS (
             INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
-            SELECT fence.id, e.log, e.index, %s, e.value::jsonb
-              FROM fence, unnest(%s::text[], %s::int[], %s::text[]) AS e(log, index, value)
+            SELECT fence.id, e.log, e.index, e.visit, e.value::jsonb
+              FROM fence, unnest(%s::text[], %s::int[], %s::int[], %s::text[])
+                   AS e(log, index, visit, value)
         ), outbox AS (
             INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
                    (run_id, name, connector, args, idempotency_key, status, attempts,
@@ -260,8 +281,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
         run.id, epoch,
         position.visit, position.step, json.dumps(position.state),
         json.dumps(position.offsets), run.agent_version, run.topology_hash,
-        position.visit,
-        [e.log for e in entries], [e.index for e in entries],
+        [e.log for e in entries], [e.index for e in entries], [e.visit for e in entries],
         [json.dumps(e.value) for e in entries],
         *([n[field] for n in outbox] for field in ("name", "connector")),
         [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
@@ -487,7 +507,7 @@ class Harness:
                     self.notifications = ctx.notifications
                     ctx.step_completed()
                     return transition
-            except (StepError, LeaseLost, NeedsPerson, BudgetExceeded):
+            except (StepError, LeaseLost, NeedsPerson, BudgetExceeded, CheckpointWriteFailed):
                 raise
             except EffectRefused as exc:
                 raise StepError(str(exc)) from exc
@@ -561,11 +581,9 @@ class Harness:
                          result=result, steps_taken=run.steps_taken)
             ready_clear(run_id=run.id)
             if run.parent_id:  # a child run reports to the parent waiting on it
-                from approvals.services import event_deliver
+                from runs.services import child_report
 
-                event_deliver(kind="child_run", key=str(run.id), source_id=f"child:{run.id}",
-                              payload={"run": str(run.id), "status": status, "result": result,
-                                       "error": error})
+                child_report(run_id=run.id, status=status, result=result, error=error)
         return Outcome.ENDED
 
     def _park_for_person(self, position: Position, kind: str, request: dict) -> Outcome:
@@ -690,7 +708,7 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     except LeaseLost as exc:
         log.warning("stopping: %s", exc)
         return Outcome.LEASE_LOST
-    except (OperationalError, InterfaceError):
+    except (OperationalError, InterfaceError, CheckpointWriteFailed):
         raise  # the database is away: the lease expires and the watchdog retries the run
     except Exception as exc:  # a bug in the platform, not in a step: park, never loop
         log.exception("engine error on run %s", run_id)
@@ -760,10 +778,14 @@ def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
         harness.item, harness.branch_index = branch.item, branch.index
         try:
             transition = harness._step_run(step, position, logs)
-        except StepError as exc:
-            return _branch_finish(branch, ok=False, error=str(exc))
+        except (StepError, NeedsPerson, BudgetExceeded) as exc:  # a branch cannot park
+            return _branch_finish(branch, ok=False, error=f"{type(exc).__name__}: {exc}")
         finally:
             harness.writer.close()
+        if harness.notifications:
+            return _branch_finish(branch, ok=False, error=(
+                f"branch step {step.name!r} used ctx.notify; branches have no checkpoint to "
+                "commit it with: use ctx.effect, or notify from the join step"))
         match transition:
             case Finish(result=result, update=update, append=append) if not update and not append:
                 return _branch_finish(branch, ok=True, value=result)

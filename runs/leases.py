@@ -54,7 +54,8 @@ class LeaseKeeper:
             with connection.cursor() as cursor:
                 cursor.execute(
                     f'UPDATE "{schema}".{table} SET lease_expires_at = now() + %s '
-                    "WHERE id = %s AND lease_epoch = %s",
+                    # a released lease (NULL) is not re-armed by a beat that comes too late
+                    "WHERE id = %s AND lease_epoch = %s AND lease_expires_at IS NOT NULL",
                     [ttl, row_id, epoch],
                 )
                 if cursor.rowcount == 0:  # taken over: the holder stops at its next write

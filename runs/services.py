@@ -123,6 +123,7 @@ def run_cancel(*, run_id: UUID) -> Run:
 
             parked_cancel(run_id=run.id)
             event_record(run_id=run.id, kind="run_cancelled")
+            child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
     run.refresh_from_db()
     return run
 
@@ -217,6 +218,12 @@ def runs_inspect_in_flight(*, rows, now) -> list[str]:
 def run_requeue(*, run_id: UUID, by: str) -> Run:
     """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
     in line. Its next worker resumes from the last checkpoint."""
+    from approvals.models import Approval, EventGate
+
+    if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
+            EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
+        raise RunError("run_waiting_on_something", "the run waits for an approval or an event: "
+                       "decide it, send the event, or cancel the run")
     with transaction.atomic():
         updated = Run.objects.filter(
             id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
@@ -256,6 +263,19 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
 
 
 def run_fail_parked(*, run_id: UUID, reason: str) -> None:
-    Run.objects.filter(id=run_id, status=Run.Status.WAITING).update(
+    failed = Run.objects.filter(id=run_id, status=Run.Status.WAITING).update(
         status=Run.Status.FAILED, error=reason, waiting_reason="", finished_at=timezone.now())
-    event_record(run_id=run_id, kind="run_failed", error=reason)
+    if failed:
+        event_record(run_id=run_id, kind="run_failed", error=reason)
+        child_report(run_id=run_id, status=Run.Status.FAILED, error=reason)
+
+
+def child_report(*, run_id: UUID, status: str, result=None, error: str = "") -> None:
+    """A child run ended: wake the parent waiting on it (in the caller's transaction)."""
+    parent_id = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
+    if parent_id:
+        from approvals.services import event_deliver
+
+        event_deliver(kind="child_run", key=str(run_id), source_id=f"child:{run_id}",
+                      payload={"run": str(run_id), "status": status, "result": result,
+                               "error": error})
