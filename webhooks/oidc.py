@@ -35,11 +35,18 @@ def _jwks_load() -> dict:
         return json.loads(response.read())
 
 
+REFRESH_MIN_SECONDS = 60
+
+
 def signing_keys(*, refresh: bool = False) -> dict:
     """kid -> public key; cached for GOOGLE_OIDC_CACHE_SECONDS (per configured source)."""
     source = settings.GOOGLE_OIDC_JWKS or settings.GOOGLE_OIDC_CERTS_URL
     with _lock:
-        fresh = time.monotonic() - _cache["fetched"] < settings.GOOGLE_OIDC_CACHE_SECONDS
+        age = time.monotonic() - _cache["fetched"]
+        fresh = age < settings.GOOGLE_OIDC_CACHE_SECONDS
+        # A token with an unknown kid may ask for one refresh, at most once a minute: forged
+        # kids must not make us fetch Google's keys on every request.
+        refresh = refresh and age >= REFRESH_MIN_SECONDS
         if refresh or _cache["source"] != source or not fresh:
             try:
                 jwks = jwt.PyJWKSet.from_dict(_jwks_load())
