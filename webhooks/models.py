@@ -12,12 +12,18 @@ from tenants.models import Tenant
 class SlackConnection(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="slack_connections")
-    team_id = models.CharField(max_length=32, unique=True)
+    # Unique per tenant, not globally: webhooks route by connection id and verify with that
+    # connection's own secret, so nobody can lock another organisation out by claiming its id.
+    team_id = models.CharField(max_length=32)
     # AES-256-GCM under the tenant's data key (webhooks.sealing); never in responses or logs.
     signing_secret_sealed = models.BinaryField()
     data_key_version = models.PositiveIntegerField()
     approvals_channel = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "team_id"],
+                                               name="slack_connection_tenant_team_unique")]
 
     def __str__(self) -> str:
         return f"slack {self.team_id} ({self.tenant_id})"
@@ -26,10 +32,14 @@ class SlackConnection(models.Model):
 class GmailConnection(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="gmail_connections")
-    email = models.EmailField(unique=True)  # the watched mailbox (Pub/Sub's emailAddress)
+    email = models.EmailField()  # the watched mailbox (Pub/Sub's emailAddress); unique per tenant
     audience = models.CharField(max_length=500)  # the push subscription's OIDC audience
     service_account_email = models.EmailField()  # the push subscription's OIDC identity
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "email"],
+                                               name="gmail_connection_tenant_email_unique")]
 
     def __str__(self) -> str:
         return f"gmail {self.email} ({self.tenant_id})"

@@ -50,7 +50,7 @@ def slack_connection_create(*, tenant: Tenant, team_id: str, signing_secret: str
                             approvals_channel: str = "") -> SlackConnection:
     if not signing_secret:
         raise WebhookRejected("invalid_request", "signing_secret is required.", 400)
-    if SlackConnection.objects.filter(team_id=team_id).exists():
+    if SlackConnection.objects.filter(tenant=tenant, team_id=team_id).exists():
         raise WebhookRejected("team_already_connected",
                               f"Slack team {team_id} is already connected.", 409)
     connection_id = uuid.uuid4()

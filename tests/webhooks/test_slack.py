@@ -170,8 +170,14 @@ def test_connections_api_never_returns_the_secret(acme_api, globex_api):
     assert "s3cr3t-value" not in listed.content.decode()
     assert team in listed.content.decode() and team not in globex_api.get(
         "/api/v1/connections/slack").content.decode()
-    taken = globex_api.post("/api/v1/connections/slack",
-                            {"team_id": team, "signing_secret": "x"}, format="json")
-    assert taken.status_code == 409
+    again = acme_api.post("/api/v1/connections/slack",
+                          {"team_id": team, "signing_secret": "x"}, format="json")
+    assert again.status_code == 409  # one connection per team in a tenant
+    # Another tenant claiming the same team id locks nobody out: it gets its own connection,
+    # verified with its own secret, reached by its own URL.
+    claimed = globex_api.post("/api/v1/connections/slack",
+                              {"team_id": team, "signing_secret": "x"}, format="json")
+    assert claimed.status_code == 201 and claimed.json()["id"] != created.json()["id"]
+    assert globex_api.delete(f"/api/v1/connections/slack/{claimed.json()['id']}").status_code == 204
     assert globex_api.delete(f"/api/v1/connections/slack/{created.json()['id']}").status_code == 404
     assert acme_api.delete(f"/api/v1/connections/slack/{created.json()['id']}").status_code == 204
