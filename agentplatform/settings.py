@@ -63,6 +63,11 @@ DATABASES = {
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Only statements executed with prepare=True (the engine's checkpoint write) are prepared; a
+# huge threshold keeps psycopg from preparing anything else. 0 here: prepare nothing (for a
+# pooler without prepared-statement support, e.g. PgBouncer < 1.21 in transaction mode).
+if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 MIDDLEWARE = [
