@@ -15,6 +15,26 @@ class ApiError(exceptions.APIException):
         self.error_code = code
 
 
+# HTTP status for the codes that services raise (RunError and its kin); anything else is 400.
+SERVICE_ERROR_STATUS = {
+    "not_found": status.HTTP_404_NOT_FOUND,
+    "not_a_decider": status.HTTP_403_FORBIDDEN,
+    "idempotency_key_reused": status.HTTP_409_CONFLICT,
+    "run_finished": status.HTTP_409_CONFLICT,
+    "run_not_finished": status.HTTP_409_CONFLICT,
+    "checkpoint_ended": status.HTTP_409_CONFLICT,
+    "approval_closed": status.HTTP_409_CONFLICT,
+    "approval_expired": status.HTTP_409_CONFLICT,
+    "run_not_waiting": status.HTTP_409_CONFLICT,
+}
+
+
+def service_error(exc) -> ApiError:
+    """The API's answer to a service error carrying `code` and `message`."""
+    return ApiError(exc.code, exc.message,
+                    SERVICE_ERROR_STATUS.get(exc.code, status.HTTP_400_BAD_REQUEST))
+
+
 def _code_for(exc: Exception) -> str:
     if isinstance(exc, ApiError):
         return exc.error_code

@@ -5,13 +5,10 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError
+from agentplatform.api_errors import ApiError, service_error
 
 from . import services
 from .models import Approval
-
-ERROR_STATUS = {"not_found": 404, "approval_closed": 409, "approval_expired": 409,
-                "run_not_waiting": 409, "not_a_decider": 403}
 
 
 class ApprovalSerializer(serializers.ModelSerializer):
@@ -81,7 +78,7 @@ class ApprovalDecide(APIView):
                 approval_id=approval_id, approve=data["decision"] == "approve", by=by,
                 comment=data["comment"], artifact=data.get("artifact"))
         except services.ApprovalError as exc:
-            raise ApiError(exc.code, exc.message, ERROR_STATUS.get(exc.code, 400)) from None
+            raise service_error(exc) from None
         return Response(ApprovalSerializer(approval).data)
 
 

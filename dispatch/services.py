@@ -23,7 +23,7 @@ READY = f"public.{ReadyRun._meta.db_table}"
 DISPATCH_LOCK = 0x6170_6469_7370  # any constant: one dispatcher at a time
 
 
-def ready_mark(*, run_id: UUID, branch: int = -1, schema: str | None = None) -> None:
+def ready_mark(*, run_id: UUID, branch: int = -1) -> None:
     """The run (or branch) is runnable: put it in line, at the back of its tenant's line.
 
     Call inside the transaction that makes it runnable."""
@@ -35,7 +35,7 @@ def ready_mark(*, run_id: UUID, branch: int = -1, schema: str | None = None) -> 
               FROM public.tenants_tenant t WHERE t.schema_name = %s
             ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL
             """,
-            [run_id, branch, schema or connection.schema_name],
+            [run_id, branch, connection.schema_name],
         )
 
 

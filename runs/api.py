@@ -7,23 +7,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError
+from agentplatform.api_errors import ApiError, service_error
 
 from . import services
 from .agents import registry
 from .models import Checkpoint, Run, RunEvent
-
-ERROR_STATUS = {
-    "not_found": status.HTTP_404_NOT_FOUND,
-    "idempotency_key_reused": status.HTTP_409_CONFLICT,
-    "run_finished": status.HTTP_409_CONFLICT,
-    "run_not_finished": status.HTTP_409_CONFLICT,
-    "checkpoint_ended": status.HTTP_409_CONFLICT,
-}
-
-
-def api_error(exc: services.RunError) -> ApiError:
-    return ApiError(exc.code, exc.message, ERROR_STATUS.get(exc.code, status.HTTP_400_BAD_REQUEST))
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -125,7 +113,7 @@ class RunListCreate(generics.ListAPIView):
         try:
             started = services.run_start(idempotency_key=key, **body.validated_data)
         except services.RunError as exc:
-            raise api_error(exc) from None
+            raise service_error(exc) from None
         return Response(RunSerializer(started.run).data,
                         status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK)
 
@@ -143,7 +131,7 @@ class RunCancel(APIView):
         try:
             run = services.run_cancel(run_id=run_id)
         except services.RunError as exc:
-            raise api_error(exc) from None
+            raise service_error(exc) from None
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -156,7 +144,7 @@ class RunFork(APIView):
         try:
             fork = services.run_fork(run_id=run_id, **body.validated_data)
         except services.RunError as exc:
-            raise api_error(exc) from None
+            raise service_error(exc) from None
         return Response(RunSerializer(fork).data, status=status.HTTP_201_CREATED)
 
 
@@ -182,7 +170,7 @@ class CheckpointState(APIView):
         try:
             return Response(services.checkpoint_state(run_id=run_id, visit=visit))
         except services.RunError as exc:
-            raise api_error(exc) from None
+            raise service_error(exc) from None
 
 
 class AgentList(APIView):
