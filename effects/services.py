@@ -59,7 +59,8 @@ class Scope:
 
     run_id: UUID
     key: str  # "7" or "7/b3"
-    epoch: int  # the lease epoch; -1 for fan-out branches (fenced by their own lease)
+    epoch: int  # the run's lease epoch, or the branch's own when `branch` is set
+    branch: int | None = None  # a fan-out branch's index: fenced on that branch's lease
 
 
 def idempotency_key(*, schema: str, run_id: UUID, scope: str, name: str) -> str:

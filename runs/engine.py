@@ -96,6 +96,7 @@ class Position:
     offsets: dict[str, int]
     pending_entries: list[LogEntry] = field(default_factory=list)
     pending_outbox: list[dict] = field(default_factory=list)  # ctx.notify(...) of the step
+    waiting: dict | None = None  # what the run parks on at this checkpoint (Checkpoint.waiting)
     handed_over: bool = False  # given to the writer (committed, in flight, or held)
 
 
@@ -221,7 +222,7 @@ class CheckpointWriter:
 def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
     """SET clause for the run row: counters, lease extension (unless released), `fields`."""
     values = {"steps_taken": run.steps_taken, "active_seconds": run.active_seconds, **fields}
-    sql = ["updated_at = now()"]
+    sql = ["updated_at = now()", "claims_without_checkpoint = 0"]  # progress: not a poison step
     params: list[Any] = []
     if "lease_owner" not in fields:
         sql.append("lease_expires_at = now() + %s")
@@ -258,8 +259,8 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
         ), checkpoint AS (
             INSERT INTO "{schema}".{Checkpoint._meta.db_table}
                    (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
-                    created_at)
-            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, now() FROM fence
+                    waiting, created_at)
+            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s::jsonb, now() FROM fence
         ), entries AS (
             INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
             SELECT fence.id, e.log, e.index, e.visit, e.value::jsonb
@@ -281,6 +282,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: Position, **run_fields)
         run.id, epoch,
         position.visit, position.step, json.dumps(position.state),
         json.dumps(position.offsets), run.agent_version, run.topology_hash,
+        None if position.waiting is None else json.dumps(position.waiting, default=str),
         [e.log for e in entries], [e.index for e in entries], [e.visit for e in entries],
         [json.dumps(e.value) for e in entries],
         *([n[field] for n in outbox] for field in ("name", "connector")),

@@ -46,6 +46,9 @@ class Run(models.Model):
     steps_taken = models.PositiveIntegerField(default=0)
     active_seconds = models.FloatField(default=0.0)
     cancel_requested = models.BooleanField(default=False)
+    # Claims since the last checkpoint: a step that kills its worker every time is a poison
+    # step; after RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT the run is parked for a person.
+    claims_without_checkpoint = models.PositiveIntegerField(default=0, db_default=0)
 
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_epoch = models.BigIntegerField(default=0)
@@ -101,6 +104,9 @@ class Checkpoint(models.Model):
     log_offsets = models.JSONField(default=dict)
     agent_version = models.PositiveIntegerField()
     topology_hash = models.CharField(max_length=64)
+    # What the run waits on at this checkpoint, if it parked here: {"kind": "approval" |
+    # "event" | "timer" | "child_run" | "fan_out", ...the wait's arguments}. A fork re-opens it.
+    waiting = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
