@@ -294,6 +294,12 @@ def first(ctx, state):
 
     ctx.effect("one", "test_keyed", url=state["url"], n=1)
     time.sleep(state.get("seconds", 0))
+    if marker := state.get("hold_while"):  # in flight, effect recorded: where a test kills
+        from pathlib import Path
+
+        deadline = time.monotonic() + 120
+        while Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     return goto("second")
 
 

@@ -131,26 +131,30 @@ def test_outbox_is_delivered_with_retries_and_its_status_is_visible(
 
 
 def test_many_runs_with_random_worker_kills_each_effect_happens_once(
-        in_acme, receiver, worker, start_worker):
+        in_acme, receiver, worker, start_worker, tmp_path):
     workers = [worker, start_worker("soak-a"), start_worker("soak-b")]
     rng = random.Random(7)
-    runs = [run_start(agent="triple", input={"url": f"{receiver.base}/charge",
-                                             "seconds": 0.02}).run.id for _ in range(200)]
+    hold = tmp_path / "hold"  # runs in flight stay mid-step until every kill has landed
+    hold.touch()
+    runs = [run_start(agent="triple", input={"url": f"{receiver.base}/charge", "seconds": 0.02,
+                                             "hold_while": str(hold)}).run.id
+            for _ in range(200)]
     kills = 0
+
+    def live_holders():
+        pids = {int(owner.rsplit(":", 1)[1]) for owner in Run.objects.filter(
+            id__in=runs, status="running").exclude(lease_owner="")
+            .values_list("lease_owner", flat=True)}
+        return [w for w in workers if pids & w.pids()]
+
     while kills < 10:
-        holders = list(Run.objects.filter(id__in=runs, status="running").exclude(lease_owner="")
-                       .values_list("lease_owner", flat=True))
-        if holders:
-            victim_pid = int(rng.choice(holders).rsplit(":", 1)[1])
-            victim = next((w for w in workers if victim_pid in w.pids()), None)
-            if victim is not None:
-                victim.kill()
-                workers.remove(victim)
-                workers.append(start_worker(f"soak-{kills}"))
-                kills += 1
-        wait_for(lambda: True, timeout=1)
-        if not Run.objects.filter(id__in=runs).exclude(status="succeeded").exists():
-            break
+        victim = rng.choice(wait_for(live_holders, timeout=60, interval=0.1,
+                                     what="a worker holding a run mid-step"))
+        victim.kill()
+        workers.remove(victim)
+        workers.append(start_worker(f"soak-{kills}"))
+        kills += 1
+    hold.unlink()
     wait_for(lambda: Run.objects.filter(id__in=runs, status="succeeded").count() == 200,
              timeout=300, interval=0.5, what="all 200 runs to finish")
     assert kills >= 10
