@@ -26,6 +26,8 @@ SERVICE_ERROR_STATUS = {
     "approval_closed": status.HTTP_409_CONFLICT,
     "approval_expired": status.HTTP_409_CONFLICT,
     "run_not_waiting": status.HTTP_409_CONFLICT,
+    "run_not_migratable": status.HTTP_409_CONFLICT,
+    "step_missing": status.HTTP_409_CONFLICT,
 }
 
 

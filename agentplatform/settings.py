@@ -154,6 +154,15 @@ RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+# A run claimed this many times without a new checkpoint (its step kills the worker: OOM,
+# segfault, os._exit) is parked for a person on its next claim; a branch fails.
+RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT = env.int("RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT", default=3)
+# Rolling deploys: a worker without a run's agent version hands it back, in line again after
+# RETRY seconds for a worker that has it; after GRACE seconds of that, the run is parked.
+RUN_UNKNOWN_AGENT_RETRY_SECONDS = env.float("RUN_UNKNOWN_AGENT_RETRY_SECONDS", default=5.0)
+RUN_UNKNOWN_AGENT_GRACE_SECONDS = env.float("RUN_UNKNOWN_AGENT_GRACE_SECONDS", default=1800.0)
+# Durability "async": at most this many checkpoint writes in flight; the step loop then waits.
+RUN_ASYNC_MAX_PENDING_WRITES = env.int("RUN_ASYNC_MAX_PENDING_WRITES", default=8)
 # Outbox delivery: at least once, with exponential backoff, then marked failed.
 OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=8)
 OUTBOX_BACKOFF_SECONDS = env.float("OUTBOX_BACKOFF_SECONDS", default=2.0)

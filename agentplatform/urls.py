@@ -18,6 +18,7 @@ api_v1 = [
     path("runs/<uuid:run_id>", runs_api.RunDetail.as_view()),
     path("runs/<uuid:run_id>/cancel", runs_api.RunCancel.as_view()),
     path("runs/<uuid:run_id>/fork", runs_api.RunFork.as_view()),
+    path("runs/<uuid:run_id>/migrate", runs_api.RunMigrate.as_view()),
     path("runs/<uuid:run_id>/events", runs_api.RunEvents.as_view()),
     path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
     path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),

@@ -15,7 +15,9 @@ class ReadyRun(models.Model):
     schema_name = models.CharField(max_length=63)
     run_id = models.UUIDField()
     branch = models.IntegerField(default=-1)  # -1: the run itself; n: fan-out branch n
-    ready_at = models.DateTimeField()
+    ready_at = models.DateTimeField()  # not handed out before then (a deferred run)
+    # Since when workers keep handing it back for lack of its agent version (rolling deploy).
+    deferred_since = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

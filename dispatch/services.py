@@ -33,16 +33,37 @@ def ready_mark(*, run_id: UUID, branch: int = -1) -> None:
             INSERT INTO {READY} (tenant_id, schema_name, run_id, branch, ready_at, dispatched_at)
             SELECT t.id, t.schema_name, %s, %s, now(), NULL
               FROM public.tenants_tenant t WHERE t.schema_name = %s
-            ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL
+            ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL,
+                                                      deferred_since = NULL
             """,
             [run_id, branch, connection.schema_name],
         )
 
 
+def ready_defer(*, run_id: UUID, branch: int = -1, delay_seconds: float) -> float:
+    """A worker handed the run (or branch) back: in line again in `delay_seconds`, for another
+    worker. Returns for how many seconds it has been handed back without running."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {READY} AS r (tenant_id, schema_name, run_id, branch, ready_at,
+                                      dispatched_at, deferred_since)
+            SELECT t.id, t.schema_name, %s, %s, now() + %s, NULL, now()
+              FROM public.tenants_tenant t WHERE t.schema_name = %s
+            ON CONFLICT (run_id, branch) DO UPDATE
+               SET ready_at = EXCLUDED.ready_at, dispatched_at = NULL,
+                   deferred_since = coalesce(r.deferred_since, now())
+         RETURNING extract(epoch FROM now() - deferred_since)
+            """,
+            [run_id, branch, timedelta(seconds=delay_seconds), connection.schema_name],
+        )
+        return float(cursor.fetchone()[0])
+
+
 def ready_requeue(*, run_id: UUID, branch: int = -1) -> None:
     """Back in line, if it is in line at all (runs driven in-process are not)."""
     ReadyRun.objects.filter(run_id=run_id, branch=branch).update(
-        ready_at=timezone.now(), dispatched_at=None
+        ready_at=timezone.now(), dispatched_at=None, deferred_since=None
     )
 
 
@@ -74,7 +95,7 @@ def dispatch_ready(*, budget: int | None = None) -> int:
                   FROM {READY} r
                   JOIN public.tenants_tenant t ON t.id = r.tenant_id AND t.status = 'active'
                   LEFT JOIN inflight i ON i.tenant_id = r.tenant_id
-                 WHERE r.dispatched_at IS NULL
+                 WHERE r.dispatched_at IS NULL AND r.ready_at <= now()
             ), picked AS (
                 SELECT id FROM ranked WHERE place <= cap ORDER BY place, ready_at
                  LIMIT greatest(%s - (SELECT count(*) FROM {READY}

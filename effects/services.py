@@ -24,7 +24,7 @@ from opentelemetry import trace
 
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
-from runs.models import Run
+from runs.models import Branch, Run
 
 from .models import Effect, OutboxMessage
 
@@ -129,10 +129,7 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
         budget_check()
     # Committed before the call, and only while our lease holds: "pending with attempts > 0"
     # is what tells a later attempt that this one may have reached the receiver.
-    started = Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
-        attempts=F("attempts") + 1, status=Effect.Status.PENDING)
-    _lease_check(scope, name)
-    if not started:
+    if not _attempt_start(scope, effect.id, name):
         return Effect.objects.get(id=effect.id).result
     try:
         result = receiver.execute(call)
@@ -152,41 +149,74 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
 
 def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, digest: str,
                    schema: str) -> Effect:
-    """Commit the pending row, only while our lease holds (a zombie worker acts on nothing)."""
+    """Commit the pending row, only while our lease holds (a zombie worker acts on nothing):
+    one statement, joined to the fence."""
     from runs.engine import LeaseLost
 
     key = idempotency_key(schema=schema, run_id=scope.run_id, scope=scope.key, name=name)
-    fence = "AND r.lease_epoch = %s" if scope.epoch >= 0 else ""
+    fence, fence_params = _fence(scope)
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {Effect._meta.db_table}
-                   (run_id, scope, name, connector, args, args_hash, idempotency_key, status,
-                    error, retryable, attempts, created_at)
-            SELECT r.id, %s, %s, %s, %s::jsonb, %s, %s, 'pending', '', false, 0, now()
-              FROM {Run._meta.db_table} r WHERE r.id = %s {fence}
-            ON CONFLICT DO NOTHING
-            RETURNING id
+            WITH fence AS ({fence}), inserted AS (
+                INSERT INTO {Effect._meta.db_table}
+                       (run_id, scope, name, connector, args, args_hash, idempotency_key,
+                        status, error, retryable, attempts, created_at)
+                SELECT fence.run_id, %s, %s, %s, %s::jsonb, %s, %s, 'pending', '', false, 0,
+                       now()
+                  FROM fence
+                ON CONFLICT DO NOTHING
+                RETURNING id
+            )
+            SELECT EXISTS (SELECT 1 FROM fence)
             """,
-            [scope.key, name, connector, json.dumps(args, default=str), digest, key,
-             scope.run_id] + ([scope.epoch] if scope.epoch >= 0 else []),
+            fence_params + [scope.key, name, connector, json.dumps(args, default=str), digest,
+                            key],
         )
-        inserted = cursor.fetchone()
-    effect = Effect.objects.filter(run_id=scope.run_id, scope=scope.key, name=name).first()
-    if inserted is None:  # fenced off, or someone inserted it first: is our lease still ours?
-        _lease_check(scope, name)
-    if effect is None:
-        raise LeaseLost(f"run {scope.run_id}: effect {name!r} not started")
-    return effect
+        held = cursor.fetchone()[0]
+    if not held:
+        raise LeaseLost(f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was "
+                        f"taken over (effect {name!r} not started)")
+    return Effect.objects.get(run_id=scope.run_id, scope=scope.key, name=name)
 
 
-def _lease_check(scope: Scope, name: str) -> None:
+def _attempt_start(scope: Scope, effect_id: int, name: str) -> bool:
+    """Count an attempt of the effect, in one statement joined to the fence: a worker whose
+    lease moved on can never start one. False if someone recorded its outcome meanwhile."""
     from runs.engine import LeaseLost
 
-    if scope.epoch >= 0 and not Run.objects.filter(id=scope.run_id,
-                                                   lease_epoch=scope.epoch).exists():
-        raise LeaseLost(f"run {scope.run_id}: lease epoch {scope.epoch} was taken over "
-                        f"(effect {name!r} not started)")
+    fence, fence_params = _fence(scope)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH fence AS ({fence}), started AS (
+                UPDATE {Effect._meta.db_table} e
+                   SET attempts = e.attempts + 1, status = 'pending'
+                  FROM fence
+                 WHERE e.id = %s AND e.run_id = fence.run_id AND e.status <> 'done'
+                RETURNING e.id
+            )
+            SELECT EXISTS (SELECT 1 FROM fence), EXISTS (SELECT 1 FROM started)
+            """,
+            fence_params + [effect_id],
+        )
+        held, started = cursor.fetchone()
+    if not held:
+        raise LeaseLost(f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was "
+                        f"taken over (effect {name!r} not started)")
+    return started
+
+
+def _fence(scope: Scope) -> tuple[str, list]:
+    """The lease row the scope's effects are fenced on, locked FOR SHARE for the statement so
+    a claim (epoch + 1) waits for it: the run's, or the fan-out branch's own."""
+    if scope.branch is not None:
+        return (f"SELECT run_id FROM {Branch._meta.db_table} WHERE id = %s AND run_id = %s "
+                "AND lease_epoch = %s FOR SHARE", [scope.branch, scope.run_id, scope.epoch])
+    if scope.epoch < 0:  # driven without a lease (tests and tools): no fence
+        return f"SELECT id AS run_id FROM {Run._meta.db_table} WHERE id = %s", [scope.run_id]
+    return (f"SELECT id AS run_id FROM {Run._meta.db_table} WHERE id = %s AND lease_epoch = %s "
+            "FOR SHARE", [scope.run_id, scope.epoch])
 
 
 def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:

@@ -11,6 +11,7 @@ from django_tenants.utils import tenant_context
 from tenants.models import Tenant
 
 from . import services
+from .agents import UnknownAgent, registry
 from .models import Run
 
 SESSION_KEY = "admin_runs_tenant"
@@ -47,7 +48,7 @@ class RunAdmin(admin.ModelAdmin):
     search_fields = ("id", "agent")
     ordering = ("-created_at",)
     readonly_fields = [f.name for f in Run._meta.fields]
-    actions = ["requeue", "cancel"]
+    actions = ["requeue", "migrate", "cancel"]
     change_list_template = "admin/runs/run/change_list.html"
 
     def get_urls(self):
@@ -86,6 +87,24 @@ class RunAdmin(admin.ModelAdmin):
             except services.RunError as exc:
                 refused.append(f"{run.id}: {exc.message}")
         messages.success(request, f"Re-queued {done} run(s).")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Migrate selected runs to their agent's newest version",
+                  permissions=["change"])
+    def migrate(self, request, queryset):
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                newest = registry.get(run.agent).version
+                services.run_migrate(run_id=run.id, version=newest,
+                                     by=f"admin:{request.user.username}")
+                done += 1
+            except UnknownAgent as exc:
+                refused.append(f"{run.id}: {exc}")
+            except services.RunError as exc:
+                refused.append(f"{run.id}: {exc.message}")
+        messages.success(request, f"Migrated {done} run(s).")
         for line in refused:
             messages.warning(request, line)
 

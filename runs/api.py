@@ -55,6 +55,10 @@ class ForkSerializer(serializers.Serializer):
     durability = serializers.ChoiceField(Run.Durability.values, required=False)
 
 
+class MigrateSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1)
+
+
 class NewestFirst(CursorPagination):
     ordering = "-created_at"
     page_size = 50
@@ -146,6 +150,20 @@ class RunFork(APIView):
         except services.RunError as exc:
             raise service_error(exc) from None
         return Response(RunSerializer(fork).data, status=status.HTTP_201_CREATED)
+
+
+class RunMigrate(APIView):
+    @extend_schema(request=MigrateSerializer, responses=RunSerializer)
+    def post(self, request, run_id):
+        run_or_404(run_id)
+        body = MigrateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            run = services.run_migrate(run_id=run_id, version=body.validated_data["version"],
+                                       by=f"api:{request.user.api_key.name}")
+        except services.RunError as exc:
+            raise service_error(exc) from None
+        return Response(RunSerializer(run).data)
 
 
 class RunEvents(generics.ListAPIView):

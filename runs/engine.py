@@ -14,7 +14,9 @@ import os
 import socket
 import time
 import traceback
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -23,11 +25,12 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 from opentelemetry import trace
 
-from dispatch.services import ready_clear, ready_mark, ready_requeue
+from dispatch.services import ready_clear, ready_defer, ready_mark, ready_requeue
 from effects.models import OutboxMessage
 from effects.services import (
     BudgetExceeded,
@@ -67,6 +70,7 @@ class Outcome(StrEnum):
     PARKED = "parked"
     ENDED = "ended"
     LEASE_LOST = "lease_lost"
+    DEFERRED = "deferred"  # this worker lacks the run's agent version: back in line, later
 
 
 class LeaseLost(Exception):
@@ -80,6 +84,11 @@ class CheckpointWriteFailed(Exception):
 
 class StepError(Exception):
     """A step broke the rules of the engine; retrying cannot help."""
+
+
+# Raised to the harness through a step: a step's own `except Exception` cannot swallow them,
+# because the context remembers the one it raised and the harness raises it again.
+INTERRUPTS = (LeaseLost, NeedsPerson, BudgetExceeded, CheckpointWriteFailed, DatabaseError)
 
 
 def worker_id() -> str:
@@ -101,7 +110,10 @@ class Position:
 
 
 def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -> int | None:
-    """Take the run's lease if it is runnable and nobody holds a live lease. Returns the epoch."""
+    """Take the run's lease if it is runnable and nobody holds a live lease. Returns the epoch.
+
+    Counts the claim: a run claimed again and again without a new checkpoint (its step kills
+    the worker) is parked for a person by `advance` instead of being claimed forever."""
     ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -109,6 +121,7 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
             UPDATE {Run._meta.db_table}
                SET status = 'running', lease_owner = %s, lease_epoch = lease_epoch + 1,
                    lease_expires_at = now() + %s, started_at = coalesce(started_at, now()),
+                   claims_without_checkpoint = claims_without_checkpoint + 1,
                    updated_at = now()
              WHERE id = %s AND status IN ('queued', 'running')
                AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -120,11 +133,37 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
     return row[0] if row else None
 
 
+def run_release_unknown(*, run: Run, epoch: int, reason: str) -> Outcome:
+    """This worker does not have the run's agent version (a rolling deploy): give the claim back
+    uncounted and put the run in line again after a delay, for a worker that has it. After
+    RUN_UNKNOWN_AGENT_GRACE_SECONDS of that, park it for a person."""
+    with transaction.atomic():
+        deferred_for = ready_defer(run_id=run.id,
+                                   delay_seconds=settings.RUN_UNKNOWN_AGENT_RETRY_SECONDS)
+        if deferred_for <= settings.RUN_UNKNOWN_AGENT_GRACE_SECONDS:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {Run._meta.db_table} SET status = 'queued', lease_owner = '', "
+                    "lease_expires_at = NULL, updated_at = now(), "
+                    "claims_without_checkpoint = greatest(claims_without_checkpoint - 1, 0) "
+                    "WHERE id = %s AND lease_epoch = %s",
+                    [run.id, epoch],
+                )
+                if cursor.rowcount == 0:
+                    raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over")
+            event_record(run_id=run.id, kind="agent_unknown_here", reason=reason,
+                         owner=worker_id(), deferred_seconds=round(deferred_for, 1))
+            return Outcome.DEFERRED
+    return run_park_refused(run=run, epoch=epoch, reason=(  # clears the deferred ready row
+        f"{reason} (no worker ran it within {settings.RUN_UNKNOWN_AGENT_GRACE_SECONDS:g}s)"))
+
+
 class CheckpointWriter:
     """Writes checkpoints per the run's durability mode.
 
     sync: committed before the next step starts. async: committed on a second connection
-    while the next step runs; `flush()` waits for it (before effects and before parking).
+    while the next steps run, at most RUN_ASYNC_MAX_PENDING_WRITES in flight (then the step
+    loop waits); `flush()` waits for all (before effects and before parking).
     exit: kept in memory and written once, when the run leaves this worker.
     """
 
@@ -135,6 +174,7 @@ class CheckpointWriter:
         self.cancel_requested = False
         self._failed: Exception | None = None  # sticky: after a failed write, nothing more
         self._future: Future | None = None
+        self._in_flight: deque[Future] = deque()  # async writes not yet known to be committed
         self._executor: ThreadPoolExecutor | None = None
         if self.mode == Run.Durability.ASYNC:
             schema = connection.schema_name
@@ -147,8 +187,11 @@ class CheckpointWriter:
         if self.mode == Run.Durability.SYNC:
             self._commit(position)
         elif self.mode == Run.Durability.ASYNC:
+            while len(self._in_flight) >= settings.RUN_ASYNC_MAX_PENDING_WRITES:
+                self._settle(self._in_flight.popleft())  # bounded: memory and loss on a crash
             previous = self._future
             self._future = self._executor.submit(self._commit_after, previous, position)
+            self._in_flight.append(self._future)
         else:
             if self._held is not None:
                 position.pending_entries[:0] = self._held.pending_entries
@@ -198,14 +241,18 @@ class CheckpointWriter:
         if self._failed is not None:
             raise CheckpointWriteFailed(f"an earlier checkpoint write failed: {self._failed}")
         if self._future is not None:
-            try:
-                self._future.result()
-            except LeaseLost:
-                raise
-            except Exception as exc:  # later positions build on this one: stop here
-                self._failed = exc
-                raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
+            self._settle(self._future)
             self._future = None
+            self._in_flight.clear()
+
+    def _settle(self, future: Future) -> None:
+        try:
+            future.result()
+        except LeaseLost:
+            raise
+        except Exception as exc:  # later positions build on this one: stop here
+            self._failed = exc
+            raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
 
     def _commit_after(self, previous: Future | None, position: Position) -> None:
         if previous is not None:
@@ -323,11 +370,13 @@ class StepContext:
 
     def __init__(self, *, run: Run, agent: Agent, visit: int, attempt: int,
                  logs: dict[str, LogView], writer: CheckpointWriter, item: Any = None,
-                 branch: int | None = None, epoch: int = -1):
+                 branch: Branch | None = None, epoch: int = -1):
         self.item = item  # in a fan-out branch: its item, and its index in `branch`
-        self.branch = branch
-        self.scope = f"{visit}" if branch is None else f"{visit}/b{branch}"
-        self._epoch = epoch
+        self.branch = None if branch is None else branch.index
+        self.scope = f"{visit}" if branch is None else f"{visit}/b{branch.index}"
+        # Effects are fenced on the lease that runs this step: the run's, or the branch's own.
+        self._fence = (epoch, None) if branch is None else (branch.lease_epoch, branch.id)
+        self.interrupt: BaseException | None = None  # what a ctx call raised to stop the step
         self._models = 0
         self.notifications: list[dict] = []
         self.run_id = run.id
@@ -345,7 +394,8 @@ class StepContext:
         if self._sandbox is None:
             from sandboxes.services import SandboxSession
 
-            self._sandbox = SandboxSession(run_id=self.run_id, visit=self.visit)
+            self._sandbox = SandboxSession(run_id=self.run_id, visit=self.visit,
+                                           scope=self.scope)
         return self._sandbox
 
     def step_completed(self) -> None:
@@ -359,27 +409,45 @@ class StepContext:
     def effect(self, name: str, connector: str, **args) -> Any:
         """Do something externally visible exactly once per (run, step visit, name): a re-run
         of this step gets the recorded result instead of acting again."""
-        from effects.services import Scope, effect_perform
+        from effects.services import effect_perform
 
-        self.barrier()  # the state this effect depends on is durable before it happens
-        return effect_perform(scope=Scope(self.run_id, self.scope, self._epoch), name=name,
-                              connector=connector, args=args)
+        with self._interrupting():
+            self.barrier()  # the state this effect depends on is durable before it happens
+            return effect_perform(scope=self._effect_scope(), name=name, connector=connector,
+                                  args=args)
 
     def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
               max_tokens: int = 1024, **options) -> dict:
         """A chat-completion call through the `model` connector: an effect, so a recorded
         call is never made (or paid for) twice; refused before sending if over budget."""
-        from effects.services import Scope, budget_checker, effect_perform
+        from effects.services import budget_checker, effect_perform
 
         self._models += 1
-        self.barrier()
         args = {"messages": messages, "max_tokens": max_tokens, **options}
         if model:
             args["model"] = model
-        return effect_perform(
-            scope=Scope(self.run_id, self.scope, self._epoch),
-            name=name or f"model-{self._models}", connector="model", args=args,
-            budget_check=budget_checker(run_id=self.run_id, requested_tokens=max_tokens))
+        with self._interrupting():
+            self.barrier()
+            return effect_perform(
+                scope=self._effect_scope(), name=name or f"model-{self._models}",
+                connector="model", args=args,
+                budget_check=budget_checker(run_id=self.run_id, requested_tokens=max_tokens))
+
+    def _effect_scope(self):
+        from effects.services import Scope
+
+        epoch, branch_id = self._fence
+        return Scope(self.run_id, self.scope, epoch, branch=branch_id)
+
+    @contextmanager
+    def _interrupting(self):
+        """Remember an interrupt on its way out: the harness raises it again after the step,
+        whatever the step's own `except Exception:` did with it."""
+        try:
+            yield
+        except INTERRUPTS as exc:
+            self.interrupt = self.interrupt or exc
+            raise
 
     def notify(self, name: str, connector: str, **args) -> None:
         """Fire and forget: committed with this step's checkpoint, delivered at least once
@@ -388,7 +456,8 @@ class StepContext:
 
     def barrier(self) -> None:
         """Make every checkpoint so far durable; called before anything externally visible."""
-        self._writer.flush()
+        with self._interrupting():
+            self._writer.flush()
 
     @property
     def fan_out(self) -> list["BranchResult"]:
@@ -418,7 +487,7 @@ class Harness:
         self.sleep = sleep
         self.writer = CheckpointWriter(run, epoch)
         self.writer.cancel_requested = run.cancel_requested
-        self.item, self.branch_index = None, None  # set when running a fan-out branch
+        self.item, self.branch = None, None  # set when running a fan-out branch (its row)
         self.notifications: list[dict] = []  # the last successful step's ctx.notify calls
 
     def go(self) -> Outcome:
@@ -496,12 +565,14 @@ class Harness:
         for attempt in range(1, policy.max_attempts + 1):
             ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
                               attempt=attempt, logs=logs, writer=self.writer, item=self.item,
-                              branch=self.branch_index, epoch=self.epoch)
+                              branch=self.branch, epoch=self.epoch)
             try:
                 with tracer.start_as_current_span(f"step {step.name}", attributes={
                         "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
                         "attempt": attempt}) as span:
                     transition = step.fn(ctx, State(position.state, logs))
+                    if ctx.interrupt is not None:  # the step caught it and carried on
+                        raise ctx.interrupt
                     if not isinstance(transition, Transition):
                         raise StepError(
                             f"step {step.name!r} returned {transition!r}, not a transition")
@@ -509,11 +580,13 @@ class Harness:
                     self.notifications = ctx.notifications
                     ctx.step_completed()
                     return transition
-            except (StepError, LeaseLost, NeedsPerson, BudgetExceeded, CheckpointWriteFailed):
-                raise
-            except EffectRefused as exc:
-                raise StepError(str(exc)) from exc
+            except (StepError, *INTERRUPTS):
+                raise  # DatabaseError among them: the watchdog retries the run, not the step
             except Exception as exc:  # a step's own failure: retry per policy
+                if ctx.interrupt is not None:  # it swallowed an interrupt, then failed anyway
+                    raise ctx.interrupt from exc
+                if isinstance(exc, EffectRefused):
+                    raise StepError(str(exc)) from exc
                 self._last_error = f"step {step.name!r} raised {type(exc).__name__}: {exc}"
                 will_retry = attempt < policy.max_attempts
                 event_record(
@@ -671,15 +744,22 @@ def position_load(*, run: Run) -> Position:
                     offsets=dict(checkpoint.log_offsets), handed_over=True)
 
 
-def run_park_refused(*, run: Run, epoch: int, reason: str) -> Outcome:
+def run_park_refused(*, run: Run, epoch: int, reason: str,
+                     kind: str = "resume_refused") -> Outcome:
     """Leave a run parked (waiting) with the reason it cannot run on this code."""
     with transaction.atomic():
         run_fence(run=run, epoch=epoch, status=Run.Status.WAITING, waiting_reason=reason,
                   lease_owner="", lease_expires_at=None)
-        event_record(run_id=run.id, kind="resume_refused", reason=reason)
+        event_record(run_id=run.id, kind=kind, reason=reason)
         ready_clear(run_id=run.id)
     log.warning("run %s parked: %s", run.id, reason)
     return Outcome.PARKED
+
+
+def _poison_reason(*, claims: int, step: str | None, where: str) -> str:
+    return (f"poison step: {where} was claimed {claims} times without reaching a checkpoint "
+            f"(step {step!r} stops its worker: a crash, OOM or kill); fix the agent, then "
+            "re-queue or migrate it")
 
 
 def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | None = None,
@@ -690,7 +770,13 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     if epoch is None:
         return Outcome.NOT_CLAIMED
     run = Run.objects.get(id=run_id)
-    agent, refusal = agent_for(run)
+    if run.claims_without_checkpoint > settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT:
+        step = run.checkpoints.order_by("-visit").values_list("step", flat=True).first()
+        return run_park_refused(run=run, epoch=epoch, kind="poison_step", reason=_poison_reason(
+            claims=run.claims_without_checkpoint - 1, step=step, where="the run"))
+    agent, refusal, unknown_here = agent_for(run)
+    if unknown_here:
+        return run_release_unknown(run=run, epoch=epoch, reason=refusal)
     if refusal:
         return run_park_refused(run=run, epoch=epoch, reason=refusal)
     harness = Harness(run, agent, epoch, owner,
@@ -710,7 +796,7 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     except LeaseLost as exc:
         log.warning("stopping: %s", exc)
         return Outcome.LEASE_LOST
-    except (OperationalError, InterfaceError, CheckpointWriteFailed):
+    except (DatabaseError, CheckpointWriteFailed):
         raise  # the database is away: the lease expires and the watchdog retries the run
     except Exception as exc:  # a bug in the platform, not in a step: park, never loop
         log.exception("engine error on run %s", run_id)
@@ -722,35 +808,64 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
         leases.release(**lease)
 
 
-def agent_for(run: Run) -> tuple[Agent | None, str]:
-    """The registered code the run is pinned to, or why it cannot run on this deploy."""
+def agent_for(run: Run) -> tuple[Agent | None, str, bool]:
+    """The registered code the run is pinned to; or why it cannot run on this deploy, and
+    whether only this worker lacks it (its version is not deployed here: another may have it)."""
     try:
         agent = registry.get(run.agent, run.agent_version)
     except UnknownAgent as exc:
-        return None, f"{exc}; deploy it or migrate the run"
+        return None, f"{exc}; deploy it or migrate the run", True
     if agent.topology_hash != run.topology_hash:
         return None, (
             f"agent {agent.name!r} v{agent.version} changed its steps since this run started "
             f"(topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]}); register the "
-            "new steps as a new version and keep this one until its runs drain")
-    return agent, ""
+            "new steps as a new version and keep this one until its runs drain"), False
+    return agent, "", False
 
 
 def branch_claim(*, run_id: UUID, index: int, owner: str) -> Branch | None:
-    ttl = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    """Take the branch's lease (epoch + 1, database clock) if it is pending or its holder's
+    lease expired, in one statement; counts the attempt."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Branch._meta.db_table} b
+               SET status = 'running', lease_owner = %s, lease_epoch = b.lease_epoch + 1,
+                   lease_expires_at = now() + %s, attempts = b.attempts + 1
+             WHERE b.id = (SELECT id FROM {Branch._meta.db_table}
+                            WHERE run_id = %s AND index = %s
+                              AND status IN ('pending', 'running')
+                            ORDER BY visit DESC LIMIT 1)
+               AND (b.status = 'pending'
+                    OR (b.status = 'running' AND b.lease_expires_at < now()))
+         RETURNING b.id
+            """,
+            [owner, timedelta(seconds=settings.RUN_LEASE_SECONDS), run_id, index],
+        )
+        row = cursor.fetchone()
+    return Branch.objects.get(id=row[0]) if row else None
+
+
+def branch_release(branch: Branch, *, reason: str, retry_seconds: float | None) -> Outcome:
+    """Give the branch back, pending and uncounted: in line again after `retry_seconds` for a
+    worker that has its agent's code, or (None) out of line until the run is migrated."""
     with transaction.atomic():
-        branch = (Branch.objects.select_for_update(skip_locked=True)
-                  .filter(run_id=run_id, index=index,
-                          status__in=[Branch.Status.PENDING, Branch.Status.RUNNING])
-                  .order_by("-visit").first())
-        if branch is None or (branch.lease_expires_at and branch.lease_expires_at > timezone.now()):
-            return None
-        branch.lease_epoch += 1
-        branch.lease_owner, branch.lease_expires_at = owner, ttl
-        branch.status, branch.attempts = Branch.Status.RUNNING, branch.attempts + 1
-        branch.save(update_fields=["lease_epoch", "lease_owner", "lease_expires_at", "status",
-                                   "attempts"])
-    return branch
+        released = Branch.objects.filter(id=branch.id, lease_epoch=branch.lease_epoch).update(
+            status=Branch.Status.PENDING, lease_owner="", lease_expires_at=None,
+            attempts=F("attempts") - 1)
+        if not released:
+            raise LeaseLost(f"branch {branch.index} of run {branch.run_id} was taken over")
+        if retry_seconds is not None:
+            deferred_for = ready_defer(run_id=branch.run_id, branch=branch.index,
+                                       delay_seconds=retry_seconds)
+            if deferred_for <= settings.RUN_UNKNOWN_AGENT_GRACE_SECONDS:
+                return Outcome.DEFERRED
+        ready_clear(run_id=branch.run_id, branch=branch.index)
+        Run.objects.filter(id=branch.run_id, status=Run.Status.WAITING).update(
+            waiting_reason=f"fan_out: branch {branch.index} refused: {reason}")
+        event_record(run_id=branch.run_id, kind="resume_refused", visit=branch.visit,
+                     branch=branch.index, reason=reason)
+    return Outcome.PARKED
 
 
 def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
@@ -762,9 +877,16 @@ def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
     if branch is None:
         return Outcome.NOT_CLAIMED
     run = Run.objects.get(id=run_id)
-    agent, refusal = agent_for(run)
-    if run.status != Run.Status.WAITING or refusal:
-        return _branch_finish(branch, ok=False, error=refusal or f"run is {run.status}")
+    if run.status != Run.Status.WAITING:
+        return _branch_finish(branch, ok=False, error=f"run is {run.status}")
+    if branch.attempts > settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT:  # a branch cannot park
+        event_record(run_id=run.id, kind="poison_step", visit=branch.visit, branch=index)
+        return _branch_finish(branch, ok=False, error=_poison_reason(
+            claims=branch.attempts - 1, step=branch.step, where=f"branch {index}"))
+    agent, refusal, unknown_here = agent_for(run)
+    if refusal:  # refused branches stay pending: for a worker that has the code, or a migrate
+        return branch_release(branch, reason=refusal, retry_seconds=(
+            settings.RUN_UNKNOWN_AGENT_RETRY_SECONDS if unknown_here else None))
     lease = {"schema": connection.schema_name, "table": Branch._meta.db_table,
              "row_id": branch.id}
     leases.hold(epoch=branch.lease_epoch, **lease)
@@ -777,7 +899,7 @@ def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
         harness.position = position
         logs = {name: LogView(run.id, name, lambda name=name: position.offsets.get(name, 0),
                               lambda name: []) for name in agent.logs}
-        harness.item, harness.branch_index = branch.item, branch.index
+        harness.item, harness.branch = branch.item, branch
         try:
             transition = harness._step_run(step, position, logs)
         except (StepError, NeedsPerson, BudgetExceeded) as exc:  # a branch cannot park

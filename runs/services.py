@@ -1,4 +1,5 @@
-"""Run verbs: start, cancel, fork, and reading the state at a checkpoint (time travel)."""
+"""Run verbs: start, cancel, fork, re-queue, migrate, and reading the state at a checkpoint
+(time travel)."""
 
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from dispatch.models import Wakeup
 from dispatch.services import dispatch_ready, ready_clear, ready_mark
 
 from .agents import UnknownAgent, registry
@@ -228,11 +230,71 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
         updated = Run.objects.filter(
             id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
         ).update(status=Run.Status.QUEUED, lease_owner="", lease_expires_at=None,
-                 lease_epoch=F("lease_epoch") + 1, waiting_reason="", updated_at=timezone.now())
+                 lease_epoch=F("lease_epoch") + 1, waiting_reason="", updated_at=timezone.now(),
+                 claims_without_checkpoint=0)  # a person looked: the poison count starts over
         if not updated:
             raise RunError("run_finished", "only queued, running or waiting runs can be re-queued")
         event_record(run_id=run_id, kind="operator_requeued", by=by)
         run_enqueue(run_id)
+    return Run.objects.get(id=run_id)
+
+
+def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
+    """Re-pin a waiting or failed run to a newer version of its agent, if the step it resumes
+    at (its latest checkpoint's) exists there. A run waiting on an approval, event, timer,
+    child or branches keeps waiting, now on the new code; any other (a failed run, or one
+    parked because its code was refused or its step was poison) goes back in line."""
+    from approvals.models import Approval, EventGate
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(id=run_id).first()
+        if run is None:
+            raise RunError("not_found", "no such run")
+        if run.status not in (Run.Status.WAITING, Run.Status.FAILED):
+            raise RunError("run_not_migratable",
+                           f"only waiting or failed runs can be migrated; this one is {run.status}")
+        if version <= run.agent_version:
+            raise RunError("version_not_newer", f"the run is on version {run.agent_version}; "
+                           f"migrate it to a newer one, not {version}")
+        try:
+            agent = registry.get(run.agent, version)
+        except UnknownAgent as exc:
+            raise RunError("unknown_agent", str(exc)) from None
+        checkpoint = run.checkpoints.order_by("-visit").first()
+        if checkpoint is None or checkpoint.step is None:
+            raise RunError("checkpoint_ended", "the run's last checkpoint is its end; there is "
+                           "nothing to resume")
+        if checkpoint.step not in agent.steps:
+            raise RunError("step_missing", f"the run resumes at step {checkpoint.step!r}, "
+                           f"which {agent.name} v{agent.version} does not have")
+        pending_branches = list(Branch.objects.filter(
+            run=run, visit=checkpoint.visit, status=Branch.Status.PENDING)
+            .values_list("index", flat=True))
+        parked_on_something = run.status == Run.Status.WAITING and (
+            Approval.objects.filter(run=run, status=Approval.Status.PENDING).exists()
+            or EventGate.objects.filter(run=run, status=EventGate.Status.OPEN).exists()
+            or Wakeup.objects.filter(run_id=run.id, visit=checkpoint.visit).exists()
+            or Branch.objects.filter(run=run, visit=checkpoint.visit,
+                                     status=Branch.Status.RUNNING).exists()
+            or bool(pending_branches))
+        fields = {"agent_version": agent.version, "topology_hash": agent.topology_hash,
+                  "claims_without_checkpoint": 0, "updated_at": timezone.now()}
+        if not parked_on_something:  # failed, or parked as refused: back in line
+            fields.update(status=Run.Status.QUEUED, waiting_reason="", error="",
+                          finished_at=None, lease_owner="", lease_expires_at=None,
+                          lease_epoch=F("lease_epoch") + 1)
+        elif run.waiting_reason.startswith("fan_out: branch"):  # a branch was refused
+            fields.update(waiting_reason=f"fan_out: {len(pending_branches)} branches")
+        Run.objects.filter(id=run.id).update(**fields)
+        event_record(run_id=run.id, kind="run_migrated", visit=checkpoint.visit, by=by,
+                     from_version=run.agent_version, to_version=agent.version,
+                     requeued=not parked_on_something)
+        if not parked_on_something:
+            run_enqueue(run.id)
+        for index in pending_branches:  # refused branches wait out of line: put them back
+            ready_mark(run_id=run.id, branch=index)
+        if pending_branches:
+            transaction.on_commit(dispatch_ready)
     return Run.objects.get(id=run_id)
 
 

@@ -4,7 +4,8 @@ from django.db import models
 
 
 class SandboxExecution(models.Model):
-    """One `ctx.sandbox.run()`, keyed like effects: (run, step visit, name).
+    """One `ctx.sandbox.run()`, keyed like effects: (run, scope, name), the scope being the step
+    visit ("7") or a fan-out branch of it ("7/b3"), so parallel branches keep their own calls.
 
     `durable` becomes true once the workspace it left is in a snapshot (or it changed nothing
     since the last one); only then may a re-run step on another worker replay it.
@@ -12,6 +13,7 @@ class SandboxExecution(models.Model):
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="sandbox_executions")
     visit = models.PositiveIntegerField()
+    scope = models.CharField(max_length=40)
     name = models.CharField(max_length=200)
     command = models.JSONField()
     exit_code = models.IntegerField()
@@ -28,8 +30,8 @@ class SandboxExecution(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "visit", "name"],
-                                    name="sandbox_execution_run_visit_name_unique")
+            models.UniqueConstraint(fields=["run", "scope", "name"],
+                                    name="sandbox_execution_run_scope_name_unique")
         ]
 
 

@@ -220,10 +220,12 @@ def _result_of(row: SandboxExecution) -> SandboxResult:
 
 
 class SandboxSession:
-    """`ctx.sandbox` for one attempt of one step (one visit) of a run."""
+    """`ctx.sandbox` for one attempt of one step (one visit, or one fan-out branch of it)."""
 
-    def __init__(self, *, run_id: UUID, visit: int, schema: str | None = None):
+    def __init__(self, *, run_id: UUID, visit: int, scope: str | None = None,
+                 schema: str | None = None):
         self.run_id, self.visit = run_id, visit
+        self.scope = scope or str(visit)  # like effects: "7", or "7/b3" in a branch
         self.schema = schema or connection.schema_name
         self.local = LocalWorkspace(schema=self.schema, run_id=run_id)
         self._calls = 0
@@ -232,16 +234,17 @@ class SandboxSession:
     def run(self, command: str | list[str], *, files: dict[str, str | bytes] | None = None,
             timeout: float | None = None, name: str | None = None) -> SandboxResult:
         """Run `command` (a shell string, or argv) jailed in the run's workspace, after writing
-        `files` (relative path -> content) into it. Recorded as (run, visit, name); `name`
+        `files` (relative path -> content) into it. Recorded as (run, scope, name); `name`
         defaults to the call's order in the step (`sandbox-1`, `sandbox-2`, …)."""
         self._calls += 1
         name = name or f"sandbox-{self._calls}"
         recorded = _recorded_command(command, files)
-        row = SandboxExecution.objects.filter(run_id=self.run_id, visit=self.visit, name=name).first()
+        row = SandboxExecution.objects.filter(run_id=self.run_id, scope=self.scope,
+                                              name=name).first()
         if row is not None:
             if row.command != recorded:
                 raise SandboxError(
-                    f"sandbox call {name!r} at visit {self.visit} was recorded with another "
+                    f"sandbox call {name!r} at {self.scope} was recorded with another "
                     "command or files; give each distinct call its own name")
             self._ensure_workspace()
             if row.durable or row.id in (self.local.meta() or {}).get("applied", []):
@@ -260,7 +263,7 @@ class SandboxSession:
         result = sandbox_execute(workspace=self.local.path, command=command, files=files,
                                  limits=Limits.from_settings(timeout=timeout), egress=egress)
         row = SandboxExecution.objects.create(
-            run_id=self.run_id, visit=self.visit, name=name, command=recorded,
+            run_id=self.run_id, visit=self.visit, scope=self.scope, name=name, command=recorded,
             exit_code=result.exit_code, limit=result.limit or "", stdout=result.stdout,
             stderr=result.stderr, stdout_truncated=result.stdout_truncated,
             stderr_truncated=result.stderr_truncated, changed_files=result.changed_files,
@@ -294,7 +297,7 @@ class SandboxSession:
             snapshot = workspace_snapshot(schema=self.schema, run_id=self.run_id, visit=self.visit,
                                           path=self.local.path)
             self.local.meta_write(snapshot=snapshot.sha256, dirty_by=None, applied=[])
-        SandboxExecution.objects.filter(run_id=self.run_id, visit=self.visit,
+        SandboxExecution.objects.filter(run_id=self.run_id, scope=self.scope,
                                         durable=False).update(durable=True)
         return snapshot
 

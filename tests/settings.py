@@ -25,14 +25,14 @@ SEAWEEDFS_PORT = 18300 + 20 * SLOT
 for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
                     "DISPATCH_TICK_SECONDS": "0.5", "OUTBOX_BACKOFF_SECONDS": "0.2",
-                    "OUTBOX_SWEEP_SECONDS": "0.5",
+                    "OUTBOX_SWEEP_SECONDS": "0.5", "RUN_UNKNOWN_AGENT_RETRY_SECONDS": "0.3",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("AGENT_MODULES",
-                      "agents,tests.agents,tests.sandbox_agents")
+                      "agents,tests.agents,tests.sandbox_agents,tests.engine_agents")
 os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
 os.environ.setdefault("SANDBOX_WORKSPACE_ROOT", os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".dev", f"test-workspaces{SLOT}"))

@@ -1,0 +1,177 @@
+"""The engine at its edges, driven in-process: interrupts a step cannot swallow, a database
+error that stops the worker instead of failing the run, poison counts, fenced branches, runs
+whose agent version this worker lacks, and the bounded async write queue."""
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection
+
+from dispatch.models import ReadyRun
+from effects.models import Effect
+from effects.services import EffectError, Scope, args_digest, effect_perform
+from runs import engine
+from runs.models import Branch, Run, RunEvent
+from runs.services import run_requeue
+from tests.effects.receiver import Receiver
+from tests.runs.test_engine import finished, kinds, start
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()
+
+
+def test_a_step_cannot_swallow_a_budget_stop(in_acme):
+    run = finished(start("swallower", input={"how": "budget"}, max_tokens=1).id)
+    assert run.status == "failed" and "budget" in run.error
+    assert "budget_exceeded" in kinds(run)
+
+
+def test_a_step_cannot_swallow_a_question_for_a_person(in_acme, receiver):
+    url = f"{receiver.base}/charge"
+    run = start("swallower", input={"how": "person", "url": url})
+    Effect.objects.create(run=run, scope="0", name="ask", connector="test_keyed",
+                          args={"url": url}, args_hash=args_digest({"url": url}),
+                          idempotency_key=uuid.uuid4().hex, status="unknown", attempts=1)
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    run.refresh_from_db()
+    assert run.status == "waiting" and run.steps_taken == 0  # never went on to "after"
+    assert receiver.count() == 0
+
+
+def test_a_database_error_in_a_step_stops_the_worker_instead_of_failing_the_run(in_acme):
+    run = start("db_away")
+    with pytest.raises(OperationalError):
+        engine.advance(run_id=run.id, sleep=lambda s: None)
+    run.refresh_from_db()
+    assert run.status == "running" and run.lease_owner  # the watchdog retries it on expiry
+    assert "step_error" not in kinds(run)  # no retries burnt on a database that is away
+
+
+def test_a_run_claimed_too_often_without_a_checkpoint_is_parked_for_a_person(in_acme):
+    run = start("chatter", input={"steps": 2})
+    for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):  # each claimer "died"
+        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=0.001)
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    run.refresh_from_db()
+    assert run.status == "waiting" and "poison step" in run.waiting_reason
+    assert "'talk'" in run.waiting_reason
+    assert "poison_step" in kinds(run)
+    run_requeue(run_id=run.id, by="test")
+    run.refresh_from_db()
+    assert run.claims_without_checkpoint == 0
+    assert finished(run.id).status == "succeeded"
+
+
+def test_every_checkpoint_resets_the_poison_count(in_acme):
+    run = start("chatter", input={"steps": 30})
+    for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):
+        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=0.001)
+        # ...and each made progress: a checkpoint was written under its lease
+        Run.objects.filter(id=run.id).update(claims_without_checkpoint=0)
+    assert finished(run.id, slice_seconds=0).status == "succeeded"  # one claim per step
+
+
+def test_a_branch_that_lost_its_lease_cannot_start_an_effect(in_acme, receiver):
+    run = start("overtaken", input={"url": f"{receiver.base}/charge", "take_over": True})
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    with pytest.raises(engine.LeaseLost):
+        engine.branch_advance(run_id=run.id, index=0)
+    assert receiver.count() == 0
+    assert not Effect.objects.filter(run=run).exists()
+    branch = Branch.objects.get(run=run)
+    assert (branch.status, branch.lease_owner, branch.lease_epoch) == ("running", "successor", 2)
+
+
+def test_branch_effects_are_fenced_on_the_branch_lease(in_acme, receiver):
+    run = start("overtaken", input={"url": f"{receiver.base}/charge"})
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
+    assert finished(run.id).status == "succeeded" and receiver.count() == 1
+    assert Effect.objects.get(run=run).scope == "1/b0"
+
+
+def test_a_worker_whose_lease_moved_on_cannot_start_another_attempt(in_acme):
+    run = start("chatter")
+    epoch = engine.run_claim(run_id=run.id, owner="first", lease_seconds=0.001)
+    scope = Scope(run.id, "0", epoch)
+    with pytest.raises(EffectError):  # nothing listens there: the attempt fails, retryable
+        effect_perform(scope=scope, name="ping", connector="test_keyed",
+                       args={"url": "http://127.0.0.1:9/nowhere"})
+    assert Effect.objects.get(run=run, name="ping").attempts == 1
+    assert engine.run_claim(run_id=run.id, owner="second")  # the first one is a zombie now
+    with pytest.raises(engine.LeaseLost):
+        effect_perform(scope=scope, name="ping", connector="test_keyed",
+                       args={"url": "http://127.0.0.1:9/nowhere"})
+    assert Effect.objects.get(run=run, name="ping").attempts == 1  # it started nothing
+
+
+def test_a_worker_without_the_agent_version_hands_the_run_back_for_later(in_acme):
+    run = start("rollout")
+    Run.objects.filter(id=run.id).update(agent_version=99)
+    assert engine.advance(run_id=run.id) == engine.Outcome.DEFERRED
+    run.refresh_from_db()
+    assert run.status == "queued" and run.claims_without_checkpoint == 0  # not a poison claim
+    row = ReadyRun.objects.get(run_id=run.id, branch=-1)
+    assert row.dispatched_at is None and row.deferred_since is not None
+    assert row.ready_at > row.deferred_since  # later, for a worker that has it
+    assert "agent_unknown_here" in kinds(run) and "resume_refused" not in kinds(run)
+
+
+def test_after_the_grace_period_a_run_nobody_can_run_is_parked(in_acme, settings):
+    settings.RUN_UNKNOWN_AGENT_GRACE_SECONDS = 0
+    run = start("rollout")
+    Run.objects.filter(id=run.id).update(agent_version=99)
+    assert engine.advance(run_id=run.id) == engine.Outcome.DEFERRED  # first time: in grace
+    ReadyRun.objects.filter(run_id=run.id).update(ready_at=ReadyRun.objects.get(
+        run_id=run.id).deferred_since)
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    run.refresh_from_db()
+    assert run.status == "waiting" and "version 99 is not registered" in run.waiting_reason
+    assert not ReadyRun.objects.filter(run_id=run.id).exists()
+
+
+def test_async_mode_holds_at_most_the_configured_writes_in_flight(in_acme, settings):
+    settings.RUN_ASYNC_MAX_PENDING_WRITES = 2
+    run = start("chatter", durability="async")
+    epoch = engine.run_claim(run_id=run.id, owner="writer")
+    run.refresh_from_db()
+    writer = engine.CheckpointWriter(run, epoch)
+    handed = []
+
+    def step_loop():
+        for visit in range(1, 6):
+            writer.write(engine.Position(visit=visit, step="talk", state={}, offsets={}))
+            handed.append(visit)
+
+    db = settings.DATABASES["default"]
+    with psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
+                         user=db["USER"] or "postgres", dbname=db["NAME"]) as blocker:
+        blocker.execute(f'SELECT 1 FROM "{connection.schema_name}".runs_run WHERE id = %s '
+                        "FOR UPDATE", [run.id])  # every checkpoint write waits on this lock
+        loop = threading.Thread(target=step_loop)
+        loop.start()
+        loop.join(timeout=2)
+        assert loop.is_alive() and handed == [1, 2]  # the third write waits for the first
+        blocker.rollback()
+    loop.join(timeout=30)
+    writer.flush()
+    writer.close()
+    assert handed == [1, 2, 3, 4, 5]
+    assert sorted(run.checkpoints.values_list("visit", flat=True)) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_requeued_run_is_not_handed_out_before_its_ready_time(in_acme):
+    from dispatch.services import dispatch_ready, ready_defer
+
+    run = start("chatter")
+    ready_defer(run_id=run.id, delay_seconds=3600)
+    dispatch_ready()
+    assert ReadyRun.objects.get(run_id=run.id).dispatched_at is None
+    assert RunEvent.objects.filter(run=run).count() == 1
