@@ -14,6 +14,7 @@ from uuid import UUID
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from agentplatform.db import retried_on_conflict
 from dispatch.models import Wakeup
 from runs.models import Run
 from runs.services import RunError, run_resume
@@ -74,20 +75,22 @@ class ApprovalError(RunError):
     pass
 
 
+@retried_on_conflict
 def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str = "",
                     artifact: Any = None) -> Approval:
     """Close the approval and re-queue its run in one transaction; refuse anything stale."""
     with transaction.atomic():
-        approval = Approval.objects.select_for_update().filter(id=approval_id).first()
-        if approval is None:
+        run_id = Approval.objects.filter(id=approval_id).values_list("run_id", flat=True).first()
+        if run_id is None:
             raise ApprovalError("not_found", "No such approval.")
+        run = Run.objects.select_for_update().get(id=run_id)  # the run row first (decision 0008)
+        approval = Approval.objects.select_for_update().get(id=approval_id)
         if approval.status != Approval.Status.PENDING:
             raise ApprovalError("approval_closed", f"This approval is already {approval.status}.")
         if approval.expires_at and approval.expires_at <= timezone.now():
             raise ApprovalError("approval_expired", "This approval has expired.")
         if approval.deciders and by not in approval.deciders:
             raise ApprovalError("not_a_decider", f"{by} may not decide this approval.")
-        run = Run.objects.select_for_update().get(id=approval.run_id)
         if run.status != Run.Status.WAITING:
             raise ApprovalError("run_not_waiting", f"The run is {run.status}.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.REJECTED
@@ -151,6 +154,7 @@ class Delivery:
     resumed: list[UUID] = field(default_factory=list)
 
 
+@retried_on_conflict
 def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None) -> Delivery:
     """Record an event and wake every run whose open gate matches. Idempotent by source_id."""
     with transaction.atomic():
@@ -162,8 +166,8 @@ def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None =
         except IntegrityError:
             return Delivery(InboundEvent.objects.filter(source_id=source_id).first(),
                             duplicate=True)
-        gates = list(EventGate.objects.select_for_update()
-                     .filter(kind=kind, key=key, status=EventGate.Status.OPEN).order_by("id"))
+        gates = list(EventGate.objects.filter(kind=kind, key=key, status=EventGate.Status.OPEN)
+                     .order_by("run_id", "id"))  # locked in _gate_resolve, after their run
         resumed = []
         for gate in gates:
             if _gate_resolve(gate, event):
@@ -181,7 +185,8 @@ def _correlation_lock(kind: str, key: str) -> None:
 
 def _gate_resolve(gate: EventGate, event: InboundEvent) -> bool:
     run = Run.objects.select_for_update().get(id=gate.run_id)
-    if run.status != Run.Status.WAITING:
+    gate = EventGate.objects.select_for_update().get(id=gate.id)  # the run row first (0008)
+    if run.status != Run.Status.WAITING or gate.status != EventGate.Status.OPEN:
         return False
     gate.status, gate.event, gate.resolved_at = EventGate.Status.RESOLVED, event, timezone.now()
     gate.save()
@@ -192,6 +197,7 @@ def _gate_resolve(gate: EventGate, event: InboundEvent) -> bool:
     return True
 
 
+@retried_on_conflict
 def wakeup_fire(*, run_id: UUID, visit: int) -> str:
     """A due time came: expire what the run waits on and take its timeout path, or end a sleep.
     Stale wakeups (the run moved on) do nothing."""
@@ -203,6 +209,9 @@ def wakeup_fire(*, run_id: UUID, visit: int) -> str:
             run_id=run_id, visit=visit, status=Approval.Status.PENDING).first()
         gate = EventGate.objects.select_for_update().filter(
             run_id=run_id, visit=visit, status=EventGate.Status.OPEN).first()
+        if not Wakeup.objects.select_for_update().filter(
+                run_id=run_id, visit=visit, due_at__lte=timezone.now()).exists():
+            return "stale"  # fired already (another tick), or the run parked again since
         waiting_on = approval or gate
         if waiting_on is None:  # a sleep: the parked checkpoint already points at `then`
             return "woke" if run_resume(run_id=run_id, visit=visit, step=None, update={},

@@ -150,21 +150,24 @@ def watchdog() -> dict[str, int]:
 
 
 def wakeups_fire(*, limit: int = 500) -> int:
-    """Fire every due wakeup (sleeps and timeouts), each in its tenant's schema, each once."""
+    """Fire every due wakeup (sleeps and timeouts), each in its tenant's schema, each once.
+
+    Each in a transaction of its own that locks the run before anything else (decision 0008):
+    holding the wakeup rows while waiting for runs would deadlock with a cancel, which locks
+    the run and then deletes its wakeups. A wakeup fired twice is stale the second time."""
     from approvals.services import wakeup_fire
 
     fired = 0
-    with transaction.atomic():
-        due = list(Wakeup.objects.select_for_update(skip_locked=True)
-                   .filter(due_at__lte=timezone.now()).order_by("due_at")[:limit])
-        for wakeup in due:
-            try:
-                with transaction.atomic(), schema_context(wakeup.schema_name):
-                    outcome = wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
-            except Exception:  # one broken run must not hold up every other timer
-                log.exception("wakeup of run %s failed; retrying next tick", wakeup.run_id)
-                continue
-            Wakeup.objects.filter(id=wakeup.id).delete()
-            log.info("wakeup %s visit %s: %s", wakeup.run_id, wakeup.visit, outcome)
-            fired += 1
+    due = list(Wakeup.objects.filter(due_at__lte=timezone.now()).order_by("due_at")[:limit])
+    for wakeup in due:
+        try:
+            with schema_context(wakeup.schema_name):
+                outcome = wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
+        except Exception:  # one broken run must not hold up every other timer
+            log.exception("wakeup of run %s failed; retrying next tick", wakeup.run_id)
+            continue
+        # Fired (or stale): gone, unless the run parked again at this visit with a new due time.
+        Wakeup.objects.filter(id=wakeup.id, due_at=wakeup.due_at).delete()
+        log.info("wakeup %s visit %s: %s", wakeup.run_id, wakeup.visit, outcome)
+        fired += 1
     return fired

@@ -47,7 +47,7 @@ class EventSerializer(serializers.ModelSerializer):
 class CheckpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Checkpoint
-        fields = ["visit", "step", "state", "log_offsets", "agent_version", "created_at"]
+        fields = ["visit", "step", "state", "log_offsets", "agent_version", "waiting", "created_at"]
 
 
 class ForkSerializer(serializers.Serializer):

@@ -228,6 +228,7 @@ class CheckpointWriter:
                                                visit=position.visit, **run_fields)
         else:
             self._commit(position, **run_fields)
+            position.handed_over = True  # a second commit_final (cancel at park) is fields only
         self._held = None
 
     def close(self) -> None:
@@ -667,9 +668,13 @@ class Harness:
         from approvals.services import approval_open
 
         run = self.run
+        # Its checkpoint predates the step (append-only): the approval row is the record, and
+        # a fork here runs the step again, its effects under new keys and its budget as started.
         with transaction.atomic():
             self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
                                      lease_expires_at=None, waiting_reason=request["title"])
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, nothing opens
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
             ready_clear(run_id=run.id)
             event_record(run_id=run.id, kind="run_parked", visit=position.visit,
                          reason=request["title"])
@@ -682,7 +687,7 @@ class Harness:
         from approvals import services as parking
         from runs.services import run_start
 
-        run, visit = self.run, position.visit
+        run, visit, due = self.run, position.visit, None
         with transaction.atomic():
             match transition:
                 case WaitForApproval(request=request):
@@ -694,8 +699,11 @@ class Harness:
                     reason = f"sleeping until {due.isoformat()}"
                 case RunChild(agent=agent):
                     reason = f"child run of {agent}"
+            position.waiting = dict(waiting_of(transition, due=due), reason=reason)
             self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
                                      lease_expires_at=None, waiting_reason=reason)
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, nothing opens
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
             ready_clear(run_id=run.id)
             event_record(run_id=run.id, kind="run_parked", visit=visit, reason=reason)
             match transition:
@@ -719,10 +727,13 @@ class Harness:
     def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:
         """Park the run at the join step and put one branch per item in line."""
         run = self.run
+        reason = f"fan_out: {len(fan_out.items)} branches"
+        position.waiting = dict(waiting_of(fan_out), reason=reason)
         with transaction.atomic():
             self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
-                                     lease_expires_at=None,
-                                     waiting_reason=f"fan_out: {len(fan_out.items)} branches")
+                                     lease_expires_at=None, waiting_reason=reason)
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, no branches
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
             Branch.objects.bulk_create(
                 Branch(run_id=run.id, visit=position.visit, index=i, step=fan_out.step, item=item)
                 for i, item in enumerate(fan_out.items)
@@ -733,6 +744,31 @@ class Harness:
             event_record(run_id=run.id, kind="fan_out", visit=position.visit,
                          step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
         return Outcome.PARKED
+
+
+def waiting_of(transition: Transition, due=None) -> dict:
+    """What a run parked by `transition` waits for, as its checkpoint records it (`waiting`):
+    enough for a fork to open the same wait again."""
+    match transition:
+        case WaitForApproval(request=request, then=then, on_timeout=on_timeout, timeout=timeout):
+            request = dict(request)
+            deciders = request.pop("deciders", [])
+            return {"kind": "approval", "request": request, "deciders": deciders, "then": then,
+                    "on_timeout": on_timeout,
+                    "timeout": timeout.total_seconds() if timeout else None}
+        case WaitForEvent(kind=kind, key=key, then=then, on_timeout=on_timeout, timeout=timeout):
+            return {"kind": "event", "event_kind": kind, "key": key, "then": then,
+                    "on_timeout": on_timeout,
+                    "timeout": timeout.total_seconds() if timeout else None}
+        case Sleep(then=then, duration=duration):
+            return {"kind": "timer", "due": due.isoformat(), "then": then,
+                    "duration": duration.total_seconds() if duration else None}
+        case RunChild(agent=agent, input=input, then=then, version=version):
+            return {"kind": "child_run", "agent": agent, "version": version, "input": input,
+                    "then": then}
+        case FanOut(step=step, items=items, then=then):
+            return {"kind": "fan_out", "step": step, "items": items, "then": then}
+    raise StepError(f"{type(transition).__name__} does not park a run")
 
 
 def position_load(*, run: Run) -> Position:
@@ -937,7 +973,11 @@ def _branch_finish(branch: Branch, *, ok: bool, value: Any = None, error: str = 
         open_branches = Branch.objects.filter(
             run_id=branch.run_id, visit=branch.visit,
             status__in=[Branch.Status.PENDING, Branch.Status.RUNNING]).exists()
-        if not open_branches:
+        # A late report wakes no other wait: the run must still be parked at this join.
+        parked = Checkpoint.objects.filter(run_id=branch.run_id).order_by("-visit").first()
+        still_joining = parked is not None and parked.visit == branch.visit and \
+            (parked.waiting or {}).get("kind", "fan_out") == "fan_out"
+        if not open_branches and still_joining:
             resumed = Run.objects.filter(id=branch.run_id, status=Run.Status.WAITING).update(
                 status=Run.Status.QUEUED, waiting_reason="", updated_at=timezone.now())
             if resumed:

@@ -2,7 +2,7 @@
 (time travel)."""
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentplatform.db import retried_on_conflict
 from dispatch.models import Wakeup
 from dispatch.services import dispatch_ready, ready_clear, ready_mark
 
@@ -102,32 +103,55 @@ def _same_request(run: Run, agent: str, version: int | None, input: dict) -> Run
     return run
 
 
+@retried_on_conflict
 def run_cancel(*, run_id: UUID) -> Run:
-    """Cancel now if no worker runs it; otherwise at the running step's end."""
+    """Cancel the run and every unfinished run it started (and theirs): now if no worker runs
+    it, otherwise at the running step's end (or as it parks: cancel wins)."""
     with transaction.atomic():
+        tree = _unfinished_descendants(run_id)
+        # Lock order (docs/decisions/0008): children before their parents, as a child's end
+        # locks itself and then reports to its parent.
+        for descendant_id in reversed(tree):
+            Run.objects.select_for_update().filter(id=descendant_id).first()
         run = Run.objects.select_for_update().filter(id=run_id).first()
         if run is None:
             raise RunError("not_found", "no such run")
         if run.is_finished:
             raise RunError("run_finished", f"run is already {run.status}")
-        if run.status == Run.Status.RUNNING:
-            Run.objects.filter(id=run.id).update(cancel_requested=True)
-            event_record(run_id=run.id, kind="cancel_requested")
-        else:
-            Run.objects.filter(id=run.id).update(
-                status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
-                lease_owner="", lease_expires_at=None,
-            )
-            Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
-                status=Branch.Status.FAILED, error="run cancelled")
-            ready_clear(run_id=run.id)
-            from approvals.services import parked_cancel
-
-            parked_cancel(run_id=run.id)
-            event_record(run_id=run.id, kind="run_cancelled")
-            child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
+        _cancel_locked(run)
+        for descendant in Run.objects.filter(id__in=tree).exclude(status__in=Run.FINISHED):
+            _cancel_locked(descendant)
     run.refresh_from_db()
     return run
+
+
+def _unfinished_descendants(run_id: UUID) -> list[UUID]:
+    """The unfinished runs below `run_id`, parents before their children."""
+    found, level = [], [run_id]
+    while level:
+        level = list(Run.objects.filter(parent_id__in=level).exclude(status__in=Run.FINISHED)
+                     .order_by("id").values_list("id", flat=True))
+        found += level
+    return found
+
+
+def _cancel_locked(run: Run) -> None:
+    if run.status == Run.Status.RUNNING:  # its worker ends it at the next step boundary
+        Run.objects.filter(id=run.id).update(cancel_requested=True)
+        event_record(run_id=run.id, kind="cancel_requested")
+        return
+    from approvals.services import parked_cancel
+
+    Run.objects.filter(id=run.id).update(
+        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
+        lease_owner="", lease_expires_at=None, waiting_reason="",
+    )
+    Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
+        status=Branch.Status.FAILED, error="run cancelled")
+    parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
+    ready_clear(run_id=run.id)
+    event_record(run_id=run.id, kind="run_cancelled")
+    child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
 
 
 def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
@@ -148,7 +172,12 @@ def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
 
 def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
              enqueue: bool = True) -> Run:
-    """A new run that starts from checkpoint `visit` of a finished run, which stays untouched."""
+    """A new run that starts from checkpoint `visit` of a finished run, which stays untouched.
+
+    Where the run parked (or at the checkpoint its wake-up wrote, which holds the answer) the
+    fork waits again: a new approval for the same deciders, a new gate, a new timer, a new
+    child run; at a fan-out join it gets the branch results. It never inherits a decision.
+    """
     source = Run.objects.filter(id=run_id).first()
     if source is None:
         raise RunError("not_found", "no such run")
@@ -159,19 +188,26 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
         raise RunError("not_found", f"run has no checkpoint at visit {visit}")
     if checkpoint.step is None:
         raise RunError("checkpoint_ended", "this checkpoint is the run's end; there is nothing to run")
+    woken_from = (checkpoint.waiting or {}).get("woken_from")
+    if woken_from is not None:  # its state holds the decision or event: wait for a new one
+        checkpoint = Checkpoint.objects.get(run_id=run_id, visit=woken_from)
+    waiting = {k: v for k, v in (checkpoint.waiting or {}).items() if k != "woken_from"}
+    branches = list(Branch.objects.filter(run_id=run_id, visit=checkpoint.visit).order_by("index"))
+    reopens = waiting.get("kind") in ("approval", "event", "timer", "child_run") or bool(branches)
     with transaction.atomic():
         fork = Run.objects.create(
             agent=source.agent, agent_version=source.agent_version,
             topology_hash=source.topology_hash, durability=durability or source.durability,
             input=source.input, max_steps=source.max_steps,
-            max_wall_seconds=source.max_wall_seconds, max_tokens=source.max_tokens,
-            max_cost_usd=source.max_cost_usd, steps_taken=visit,
-            forked_from=source, forked_from_visit=visit,
+            max_wall_seconds=source.max_wall_seconds, **_budget_as_started(source),
+            steps_taken=checkpoint.visit, forked_from=source, forked_from_visit=visit,
+            status=Run.Status.WAITING if reopens else Run.Status.QUEUED,
+            waiting_reason=waiting.get("reason", "") if reopens else "",
         )
         Checkpoint.objects.create(
-            run=fork, visit=visit, step=checkpoint.step, state=checkpoint.state,
+            run=fork, visit=checkpoint.visit, step=checkpoint.step, state=checkpoint.state,
             log_offsets=checkpoint.log_offsets, agent_version=checkpoint.agent_version,
-            topology_hash=checkpoint.topology_hash,
+            topology_hash=checkpoint.topology_hash, waiting=waiting or None,
         )
         for name, offset in checkpoint.log_offsets.items():
             entries = LogEntry.objects.filter(run_id=run_id, log=name, index__lt=offset)
@@ -179,10 +215,77 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
                 LogEntry(run=fork, log=name, index=e.index, visit=e.visit, value=e.value)
                 for e in entries.iterator()
             )
-        event_record(run_id=fork.id, kind="run_forked", visit=visit, source=str(source.id))
+        event_record(run_id=fork.id, kind="run_forked", visit=checkpoint.visit,
+                     source=str(source.id), source_visit=visit)
+        if branches:
+            _fork_branches(fork, branches, enqueue=enqueue)
+        elif reopens:
+            _fork_wait(fork, checkpoint.visit, waiting, enqueue=enqueue)
+        elif enqueue:
+            run_enqueue(fork.id)
+    fork.refresh_from_db()
+    return fork
+
+
+def _fork_wait(fork: Run, visit: int, waiting: dict, *, enqueue: bool) -> None:
+    """Open in the fork the wait its source parked on at `visit`, anew."""
+    from approvals import services as parking
+
+    def seconds(value):
+        return timedelta(seconds=value) if value else None
+
+    event_record(run_id=fork.id, kind="run_parked", visit=visit, reason=waiting.get("reason", ""))
+    match waiting:
+        case {"kind": "approval"}:
+            parking.approval_open(
+                run=fork, visit=visit, request={**waiting["request"], "deciders": waiting["deciders"]},
+                then=waiting["then"], on_timeout=waiting["on_timeout"],
+                timeout=seconds(waiting["timeout"]))
+        case {"kind": "event"}:
+            parking.gate_open(run=fork, visit=visit, kind=waiting["event_kind"],
+                              key=waiting["key"], then=waiting["then"],
+                              on_timeout=waiting["on_timeout"], timeout=seconds(waiting["timeout"]))
+        case {"kind": "timer"}:
+            due = (timezone.now() + seconds(waiting["duration"]) if waiting["duration"]
+                   else datetime.fromisoformat(waiting["due"]))
+            parking.wakeup_schedule(run_id=fork.id, visit=visit, due_at=due)
+        case {"kind": "child_run"}:
+            child = run_start(agent=waiting["agent"], version=waiting["version"],
+                              input=waiting["input"], parent_id=fork.id,
+                              durability=fork.durability, enqueue=enqueue).run
+            parking.gate_open(run=fork, visit=visit, kind="child_run", key=str(child.id),
+                              then=waiting["then"], on_timeout=None, timeout=None)
+
+
+def _fork_branches(fork: Run, branches: list[Branch], *, enqueue: bool) -> None:
+    """At a fan-out join: the fork gets the results of the branches that succeeded; the others
+    run again, for the fork."""
+    Branch.objects.bulk_create(
+        Branch(run=fork, visit=b.visit, index=b.index, step=b.step, item=b.item,
+               **({"status": b.status, "result": b.result, "attempts": b.attempts,
+                   "finished_at": b.finished_at} if b.status == Branch.Status.DONE else {}))
+        for b in branches
+    )
+    again = [b.index for b in branches if b.status != Branch.Status.DONE]
+    if not again:  # every result is there: on to the join step
+        Run.objects.filter(id=fork.id).update(status=Run.Status.QUEUED, waiting_reason="")
         if enqueue:
             run_enqueue(fork.id)
-    return fork
+    elif enqueue:
+        for index in again:
+            ready_mark(run_id=fork.id, branch=index)
+        transaction.on_commit(dispatch_ready)
+
+
+def _budget_as_started(run: Run) -> dict[str, Any]:
+    """The run's token and cost budgets before any person raised them: a raise is a decision,
+    and a fork inherits none."""
+    from approvals.models import Approval
+
+    raises = Approval.objects.filter(run_id=run.id, kind=Approval.Kind.BUDGET,
+                                     status=Approval.Status.APPROVED).count()
+    return {"max_tokens": None if run.max_tokens is None else run.max_tokens // 2 ** raises,
+            "max_cost_usd": None if run.max_cost_usd is None else run.max_cost_usd / 2 ** raises}
 
 
 def runs_inspect_in_flight(*, rows, now) -> list[str]:
@@ -310,11 +413,12 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
     if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
         return False
-    if step is not None or update:
+    if step is not None or update:  # marked as a wake-up's: a fork here waits again instead
         Checkpoint.objects.create(
             run=run, visit=visit + 1, step=step or parked.step,
             state=state_merge(parked.state, update), log_offsets=parked.log_offsets,
             agent_version=parked.agent_version, topology_hash=parked.topology_hash,
+            waiting={"woken_from": visit},
         )
     Run.objects.filter(id=run_id).update(status=Run.Status.QUEUED, waiting_reason="",
                                          updated_at=timezone.now())
@@ -333,11 +437,21 @@ def run_fail_parked(*, run_id: UUID, reason: str) -> None:
 
 
 def child_report(*, run_id: UUID, status: str, result=None, error: str = "") -> None:
-    """A child run ended: wake the parent waiting on it (in the caller's transaction)."""
-    parent_id = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
-    if parent_id:
-        from approvals.services import event_deliver
+    """A child run ended: wake the parent if it is still parked on this child, at the visit it
+    started it (in the caller's transaction, which holds the child's row: child, then parent).
+    A late report for a parent that moved on, or was cancelled, wakes nothing."""
+    from approvals.models import EventGate
+    from approvals.services import event_deliver
 
-        event_deliver(kind="child_run", key=str(run_id), source_id=f"child:{run_id}",
-                      payload={"run": str(run_id), "status": status, "result": result,
-                               "error": error})
+    parent_id = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
+    parent = Run.objects.select_for_update().filter(id=parent_id).first() if parent_id else None
+    if parent is None or parent.status != Run.Status.WAITING:
+        return
+    parked = Checkpoint.objects.filter(run_id=parent.id).order_by("-visit").first()
+    waits_here = EventGate.objects.filter(run_id=parent.id, visit=parked.visit, kind="child_run",
+                                          key=str(run_id), status=EventGate.Status.OPEN).exists()
+    if not waits_here or (parked.waiting or {}).get("kind", "child_run") != "child_run":
+        return
+    event_deliver(kind="child_run", key=str(run_id), source_id=f"child:{run_id}",
+                  payload={"run": str(run_id), "status": status, "result": result,
+                           "error": error})

@@ -351,3 +351,83 @@ def after(ctx, state):
                            model="gpt-test", max_tokens=state.get("max_tokens", 50))
         return finish({"first": state["result"], "second": second})
     return finish(state["result"])
+
+
+# -- cancel and fork: a run cancelled as it parks, a tree of child runs, a fan-out whose join
+# asks for an approval --------------------------------------------------------------------------
+parker = Agent("parker", version=1)
+
+
+@parker.step(start=True, next=["after", "square"])
+def park_cancelled(ctx, state):
+    """Asks for its own cancel (as a person would, mid-step), then parks as told."""
+    from datetime import timedelta
+
+    from runs.services import run_cancel
+
+    run_cancel(run_id=ctx.run_id)
+    match state["how"]:
+        case "approval":
+            return wait_for_approval({"title": "Ship it?"}, then="after")
+        case "event":
+            return wait_for_event("docs.signed", str(ctx.run_id), then="after")
+        case "sleep":
+            return sleep(then="after", duration=timedelta(hours=1))
+        case "child":
+            return run_child("waiter", {"how": "approval"}, then="after")
+        case "fan_out":
+            return fan_out("square", [1, 2], then="after")
+
+
+parker.step(next=[])(square)
+
+
+@parker.step(next=[], name="after")
+def ran_after_the_wait(ctx, state):
+    return finish("ran after the wait")
+
+
+nest = Agent("nest", version=1)
+
+
+@nest.step(start=True, next=["nested"])
+def descend(ctx, state):
+    """depth > 0: start a child one level down and wait for it; depth 0: wait for a person."""
+    if state["depth"] > 0:
+        return run_child("nest", {"depth": state["depth"] - 1}, then="nested")
+    return wait_for_approval({"title": f"leaf of {state.get('root', 'a tree')}"}, then="nested")
+
+
+@nest.step(next=[])
+def nested(ctx, state):
+    return finish(state.get("event", {}).get("payload") or state.get("approval"))
+
+
+fan_ask = Agent("fan_ask", version=1)
+
+
+@fan_ask.step(start=True, next=["held", "ask"])
+def spread_out(ctx, state):
+    return fan_out("held", [0, 1], then="ask")
+
+
+@fan_ask.step(next=[])
+def held(ctx, state):
+    """Branch 1 holds until the test removes its marker file."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + 60
+    while ctx.item == 1 and Path(state["marker"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return finish(ctx.item * 10)
+
+
+@fan_ask.step(next=["asked"], name="ask")
+def ask_after_join(ctx, state):
+    return wait_for_approval({"title": "Use these results?"}, then="asked")
+
+
+@fan_ask.step(next=[])
+def asked(ctx, state):
+    return finish([r.value for r in ctx.fan_out])

@@ -1,0 +1,84 @@
+"""Cancel wins: a cancel asked while a run parks ends it in the parking transaction, cancelling a
+parent cancels its whole tree, and a late branch report wakes no run parked on something else."""
+
+import pytest
+from django.db import transaction
+
+from approvals.models import Approval, EventGate
+from dispatch.models import ReadyRun, Wakeup
+from runs import engine
+from runs.models import Branch, Checkpoint, Run, RunEvent
+from runs.services import run_enqueue, run_start
+from tests.waiting import wait_for
+
+
+def kinds(run_id):
+    return list(RunEvent.objects.filter(run_id=run_id).order_by("id")
+                .values_list("kind", flat=True))
+
+
+@pytest.mark.parametrize("how", ["approval", "event", "sleep", "child", "fan_out"])
+def test_cancel_asked_while_the_run_parks_ends_it_with_nothing_left_open(in_acme, how):
+    run = run_start(agent="parker", input={"how": how}, enqueue=False).run
+    assert engine.advance(run_id=run.id) == engine.Outcome.ENDED
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.lease_owner == "" and run.finished_at
+    assert not Approval.objects.filter(run=run).exists()
+    assert not EventGate.objects.filter(run=run).exists()
+    assert not Wakeup.objects.filter(run_id=run.id).exists()
+    assert not Branch.objects.filter(run=run).exists()
+    assert not Run.objects.filter(parent=run).exists()  # no child started
+    assert not ReadyRun.objects.filter(run_id=run.id).exists()
+    assert "run_parked" not in kinds(run.id) and kinds(run.id)[-1] == "run_cancelled"
+    # The checkpoint still says what the run was about to wait for (a fork re-opens it).
+    assert Checkpoint.objects.get(run=run, visit=1).waiting["kind"] == \
+        {"sleep": "timer", "child": "child_run"}.get(how, how)
+
+
+def test_cancelling_a_parent_cancels_its_children_and_theirs(acme, acme_api, worker):
+    from django_tenants.utils import tenant_context
+
+    response = acme_api.post("/api/v1/runs", {"agent": "nest", "input": {"depth": 2}},
+                             format="json")
+    root = response.json()["id"]
+    with tenant_context(acme):
+        leaf = wait_for(lambda: Approval.objects.filter(run__parent__parent_id=root,
+                                                        status="pending").first(),
+                        timeout=30, what="the grandchild's approval")
+        tree = [root, leaf.run.parent_id, leaf.run_id]
+        assert Run.objects.get(id=tree[1]).status == "waiting"
+
+    cancelled = acme_api.post(f"/api/v1/runs/{root}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
+    with tenant_context(acme):
+        assert [Run.objects.get(id=i).status for i in tree] == ["cancelled"] * 3
+        assert Approval.objects.get(id=leaf.id).status == "cancelled"
+        assert not EventGate.objects.filter(run_id__in=tree, status="open").exists()
+        for run_id in tree:
+            assert kinds(run_id).count("run_cancelled") == 1
+        assert not ReadyRun.objects.filter(run_id__in=tree).exists()
+
+
+def test_a_late_branch_report_does_not_wake_a_run_parked_on_something_else(in_acme, worker,
+                                                                          tmp_path):
+    marker = tmp_path / "hold-branch-1"
+    marker.touch()
+    run = run_start(agent="fan_ask", input={"marker": str(marker)}).run
+    wait_for(lambda: Branch.objects.filter(run=run, index=0, status="done").exists() and
+             Branch.objects.filter(run=run, index=1, status="running").exists(),
+             timeout=30, what="branch 0 done while branch 1 holds")
+
+    with transaction.atomic():  # the run moves on without branch 1, as an operator re-queue would
+        Run.objects.filter(id=run.id).update(status="queued", waiting_reason="")
+        run_enqueue(run.id)
+    approval = wait_for(lambda: Approval.objects.filter(run=run, status="pending").first(),
+                        timeout=30, what="the join to park on its approval")
+    assert approval.visit == 2
+
+    marker.unlink()  # branch 1 finishes late, for visit 1
+    wait_for(lambda: Branch.objects.filter(run=run, index=1, status="done").exists(),
+             timeout=30, what="branch 1 to finish")
+    run.refresh_from_db()
+    assert run.status == "waiting" and run.waiting_reason == "approval: Use these results?"
+    assert Approval.objects.get(id=approval.id).status == "pending"
+    assert "fan_in" not in kinds(run.id)
