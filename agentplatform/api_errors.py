@@ -26,6 +26,7 @@ SERVICE_ERROR_STATUS = {
     "approval_closed": status.HTTP_409_CONFLICT,
     "approval_expired": status.HTTP_409_CONFLICT,
     "run_not_waiting": status.HTTP_409_CONFLICT,
+    "outbox_not_unknown": status.HTTP_409_CONFLICT,
 }
 
 
