@@ -239,3 +239,18 @@ def start_worker(celery_queue_clean, s3, beat, outbox_worker):
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def start_outbox_worker(celery_queue_clean, s3):
+    """Start extra outbox delivery workers for one test; all are stopped afterwards."""
+    started = []
+
+    def start(name: str) -> localprocs.Worker:
+        process = localprocs.Worker.outbox(f"{name}-{time.monotonic_ns()}", log_dir=LOGS)
+        started.append(process)
+        return process.wait_ready()
+
+    yield start
+    for process in started:
+        process.stop()
