@@ -335,7 +335,11 @@ def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
                 credentials=_credentials(message.connector))
     if maybe_sent and not (receiver.honours_idempotency_key or receiver.safe_to_repeat):
         # An earlier attempt may have reached a receiver that ignores our key: ask, never resend.
-        found = receiver.lookup(call)
+        try:
+            found = receiver.lookup(call)
+        except Exception:  # noqa: BLE001  (a lookup that fails cannot tell)
+            log.exception("outbox %s: lookup failed", message.id)
+            found = Lookup.UNKNOWN
         if isinstance(found, Found):
             return _outbox_record(message, OutboxMessage.Status.DELIVERED, result=found.result,
                                   event="outbox_reconciled")
@@ -343,6 +347,9 @@ def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
             return _outbox_record(message, OutboxMessage.Status.UNKNOWN,
                                   error=message.last_error or "a deliverer stopped mid-call",
                                   event="outbox_unknown")
+    if message.attempts > settings.OUTBOX_MAX_ATTEMPTS:  # its deliverers kept dying on it
+        return _outbox_record(message, OutboxMessage.Status.FAILED,
+                              error=f"gave up after {message.attempts - 1} attempts")
     try:
         result = receiver.execute(call)
     except Exception as exc:  # noqa: BLE001  (any failure: try again later, or give up)

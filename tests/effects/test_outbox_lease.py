@@ -183,3 +183,35 @@ def test_person_who_says_delivered_gives_the_result_the_step_reads(
                     timeout=60, what="the run to continue with the person's result")
     assert done.result == receipt
     assert plain_receiver.count("/charge") == 1
+
+
+def test_operator_sees_unknown_messages_in_the_console_and_settles_them(acme, globex):
+    from django.db import connection
+    from django.utils import timezone
+    from django_tenants.utils import tenant_context
+
+    from tests.tenants.test_admin_console import staff_client
+
+    with tenant_context(acme):
+        run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
+        message = OutboxMessage.objects.create(
+            run=run, name="welcome-mail", connector="email", args={}, status="unknown",
+            idempotency_key=f"console-{run.id.hex[:20]}", next_attempt_at=timezone.now(),
+            attempts=1, last_error="a deliverer stopped mid-call")
+    connection.set_schema_to_public()
+    client = staff_client()
+    client.get("/admin/effects/outboxmessage/tenant/acme/")
+    page = client.get("/admin/effects/outboxmessage/?status__exact=unknown").content.decode()
+    assert "welcome-mail" in page and "a deliverer stopped mid-call" in page
+    assert "Outbox of tenant acme" in page
+    client.get("/admin/effects/outboxmessage/tenant/globex/")
+    assert "welcome-mail" not in client.get("/admin/effects/outboxmessage/").content.decode()
+
+    client.get("/admin/effects/outboxmessage/tenant/acme/")
+    response = client.post("/admin/effects/outboxmessage/", {
+        "action": "settle_delivered", "_selected_action": [str(message.id)]})
+    assert response.status_code == 302
+    with tenant_context(acme):
+        settled = OutboxMessage.objects.get(id=message.id)
+        assert (settled.status, settled.settled_by) == ("delivered", "admin:founder")
+        assert RunEvent.objects.get(run=run, kind="outbox_settled").data["delivered"] is True
