@@ -28,6 +28,7 @@ SERVICE_ERROR_STATUS = {
     "run_not_waiting": status.HTTP_409_CONFLICT,
     "run_not_migratable": status.HTTP_409_CONFLICT,
     "step_missing": status.HTTP_409_CONFLICT,
+    "outbox_not_unknown": status.HTTP_409_CONFLICT,
 }
 
 

@@ -60,14 +60,25 @@ class CeleryProcess:
 
 
 class Worker(CeleryProcess):
-    """A real `celery worker` (prefork) on the configured queue."""
+    """A real `celery worker` on the given queues (default: the runs' queue, prefork)."""
 
-    def __init__(self, name: str, concurrency: int = 1, *, log_dir: Path, env: dict | None = None):
+    def __init__(self, name: str, concurrency: int = 1, *, log_dir: Path, env: dict | None = None,
+                 queues: list[str] | None = None, pool: str = "prefork"):
         from django.conf import settings
 
-        super().__init__(name, ["worker", "-l", "info", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
-                                "-n", f"{name}@%h", "--pool", "prefork", "-c", str(concurrency),
+        queues = queues or [settings.CELERY_TASK_DEFAULT_QUEUE]
+        super().__init__(name, ["worker", "-l", "info", "-Q", ",".join(queues),
+                                "-n", f"{name}@%h", "--pool", pool, "-c", str(concurrency),
                                 "--without-gossip", "--without-mingle"], log_dir=log_dir, env=env)
+
+    @classmethod
+    def outbox(cls, name: str, concurrency: int = 8, *, log_dir: Path,
+               env: dict | None = None) -> "Worker":
+        """A worker for outbox deliveries only: threads, since deliveries wait on receivers."""
+        from django.conf import settings
+
+        queue = (env or {}).get("CELERY_OUTBOX_QUEUE", settings.CELERY_OUTBOX_QUEUE)
+        return cls(name, concurrency, log_dir=log_dir, env=env, queues=[queue], pool="threads")
 
     def wait_ready(self, timeout: float = 60.0):
         from agentplatform.celery import app

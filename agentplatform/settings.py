@@ -124,6 +124,10 @@ AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="agentplatform-dev-
 # -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="agentplatform")
+# Outbox deliveries wait on slow receivers: their own queue and workers, so they never hold the
+# slots runs need (docs/decisions/0006-outbox-lease.md). Routed by agentplatform.celery.task_route.
+CELERY_OUTBOX_QUEUE = env("CELERY_OUTBOX_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-outbox")
+CELERY_TASK_ROUTES = ("agentplatform.celery.task_route",)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -196,6 +200,9 @@ SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024
 # -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
 # Per-tenant credentials (integrations.Credential) override these; these suit one deployment.
 CONNECTOR_TIMEOUT_SECONDS = env.float("CONNECTOR_TIMEOUT_SECONDS", default=30.0)
+# How long an outbox delivery is claimed for: longer than any connector call (and a lookup),
+# so a live claim is never taken over; an expired one means its deliverer died.
+OUTBOX_CLAIM_SECONDS = env.float("OUTBOX_CLAIM_SECONDS", default=2 * CONNECTOR_TIMEOUT_SECONDS + 30)
 # Tenant-supplied URLs and SMTP hosts may not point into private/loopback networks (SSRF);
 # tests and single-machine demos that run receivers on loopback turn this on.
 CONNECTOR_ALLOW_PRIVATE_DESTINATIONS = env.bool("CONNECTOR_ALLOW_PRIVATE_DESTINATIONS",

@@ -23,6 +23,8 @@ api_v1 = [
     path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
     path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),
     path("runs/<uuid:run_id>/effects", effects_api.RunEffects.as_view()),
+    path("outbox", effects_api.OutboxList.as_view()),
+    path("outbox/<int:message_id>/settle", effects_api.OutboxSettle.as_view()),
     path("approvals", approvals_api.ApprovalList.as_view()),
     path("approvals/<uuid:approval_id>", approvals_api.ApprovalDetail.as_view()),
     path("approvals/<uuid:approval_id>/decide", approvals_api.ApprovalDecide.as_view()),

@@ -23,6 +23,8 @@ class DecisionSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
     artifact = serializers.JSONField(required=False)  # approve with an edited artifact
+    # "outcome unknown" approved as delivered: the result the step reads (else a confirmation)
+    result = serializers.JSONField(required=False)
 
 
 class EventSerializer(serializers.Serializer):
@@ -76,7 +78,7 @@ class ApprovalDecide(APIView):
         try:
             approval = services.approval_decide(
                 approval_id=approval_id, approve=data["decision"] == "approve", by=by,
-                comment=data["comment"], artifact=data.get("artifact"))
+                comment=data["comment"], artifact=data.get("artifact"), result=data.get("result"))
         except services.ApprovalError as exc:
             raise service_error(exc) from None
         return Response(ApprovalSerializer(approval).data)

@@ -77,8 +77,9 @@ class ApprovalError(RunError):
 
 @retried_on_conflict
 def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str = "",
-                    artifact: Any = None) -> Approval:
-    """Close the approval and re-queue its run in one transaction; refuse anything stale."""
+                    artifact: Any = None, result: Any = None) -> Approval:
+    """Close the approval and re-queue its run in one transaction; refuse anything stale.
+    `result`: for an "outcome unknown" approval answered "delivered", what the step reads."""
     with transaction.atomic():
         run_id = Approval.objects.filter(id=approval_id).values_list("run_id", flat=True).first()
         if run_id is None:
@@ -91,6 +92,9 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
             raise ApprovalError("approval_expired", "This approval has expired.")
         if approval.deciders and by not in approval.deciders:
             raise ApprovalError("not_a_decider", f"{by} may not decide this approval.")
+        if result is not None and not (approve and approval.kind == Approval.Kind.EFFECT_OUTCOME):
+            raise ApprovalError("result_not_allowed", "A result is given only when approving "
+                                "that an effect of unknown outcome was delivered.")
         if run.status != Run.Status.WAITING:
             raise ApprovalError("run_not_waiting", f"The run is {run.status}.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.REJECTED
@@ -110,17 +114,18 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
             event_record(run_id=run.id, kind="approval_decided", **decision)
             run_fail_parked(run_id=run.id, reason=f"budget exceeded; not raised by {by}")
         else:  # the step runs again at the same visit, with the person's answer applied
-            _settle(approval, run, approve=approve, by=by)
+            _settle(approval, run, approve=approve, by=by, result=result)
             run_resume(run_id=run.id, visit=approval.visit, step=None, update={},
                        event="approval_decided", **decision)
     return approval
 
 
-def _settle(approval: Approval, run: Run, *, approve: bool, by: str) -> None:
+def _settle(approval: Approval, run: Run, *, approve: bool, by: str, result: Any = None) -> None:
     if approval.kind == Approval.Kind.EFFECT_OUTCOME:
         from effects.services import effect_outcome_decide
 
-        effect_outcome_decide(run_id=run.id, request=approval.request, delivered=approve, by=by)
+        effect_outcome_decide(run_id=run.id, request=approval.request, delivered=approve, by=by,
+                              result=result)
     elif approval.kind == Approval.Kind.BUDGET:  # approved: double what ran out
         updates = {}
         if run.max_tokens is not None:

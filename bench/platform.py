@@ -1,5 +1,5 @@
 """A throwaway platform for benchmarks that need real workers: the bench database made anew,
-a Redis db and queue of its own, beat, and N worker processes."""
+a Redis db and queues of its own, beat, N worker processes and an outbox worker."""
 
 import contextlib
 import os
@@ -14,7 +14,8 @@ BENCH_REDIS = "redis://127.0.0.1:6379/13"
 class BenchPlatform:
     def __init__(self, *, env: dict, workers: int, concurrency: int = 1):
         self.env = {**env, "CELERY_BROKER_URL": os.environ.get("BENCH_REDIS_URL", BENCH_REDIS),
-                    "CELERY_QUEUE": "agentplatform-bench"}
+                    "CELERY_QUEUE": "agentplatform-bench",
+                    "CELERY_OUTBOX_QUEUE": "agentplatform-bench-outbox"}
         self.count, self.concurrency = workers, concurrency
         self.workers: list[localprocs.Worker] = []
         self.wait_for = localprocs.wait_for
@@ -29,6 +30,7 @@ class BenchPlatform:
         os.environ.update(self.env)
         settings.CELERY_BROKER_URL = self.env["CELERY_BROKER_URL"]
         settings.CELERY_TASK_DEFAULT_QUEUE = self.env["CELERY_QUEUE"]
+        settings.CELERY_OUTBOX_QUEUE = self.env["CELERY_OUTBOX_QUEUE"]
         from agentplatform.celery import app
 
         app.conf.broker_url = self.env["CELERY_BROKER_URL"]
@@ -38,9 +40,11 @@ class BenchPlatform:
         self.dir = Path(tempfile.mkdtemp(prefix="bench-"))
         self.logs = self.dir / "logs"
         self.beat = localprocs.Beat(self.dir, log_dir=self.logs, env=self.env)
+        # deliveries have their own queue and worker: slow receivers never hold run slots
+        self.outbox = localprocs.Worker.outbox("bench-outbox", log_dir=self.logs, env=self.env)
         for _ in range(self.count):
             self.workers.append(self._start())
-        for worker in self.workers:
+        for worker in [*self.workers, self.outbox]:
             worker.wait_ready()
         return self
 
@@ -69,7 +73,7 @@ class BenchPlatform:
     def __exit__(self, *exc):
         from django.db import connections
 
-        for process in [*self.workers, self.beat]:
+        for process in [*self.workers, self.outbox, self.beat]:
             process.stop()
         connections.close_all()
         print(f"(process logs in {self.logs})")

@@ -1,26 +1,35 @@
-"""Per-run effect and outbox status (`/api/v1/runs/<id>/effects`): what the run did outside."""
+"""Effect and outbox status (`/api/v1/runs/<id>/effects`: what the run did outside), and the
+outbox messages of unknown outcome that a person settles (`/api/v1/outbox`)."""
 
-from rest_framework import serializers
+from rest_framework import generics, serializers, status
+from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agentplatform.api_errors import ApiError, service_error
 from runs.api import run_or_404
 
+from . import services
 from .models import Effect, OutboxMessage
 
 
 class EffectSerializer(serializers.ModelSerializer):
     class Meta:
         model = Effect
-        fields = ["scope", "name", "connector", "status", "attempts", "error", "result",
-                  "idempotency_key", "created_at", "done_at"]
+        fields = ["scope", "name", "connector", "status", "attempts", "maybe_sent", "error",
+                  "result", "idempotency_key", "created_at", "done_at"]
 
 
 class OutboxSerializer(serializers.ModelSerializer):
     class Meta:
         model = OutboxMessage
-        fields = ["name", "connector", "status", "attempts", "last_error", "next_attempt_at",
+        fields = ["id", "run", "name", "connector", "status", "attempts", "last_error",
+                  "next_attempt_at", "claimed_by", "claimed_until", "maybe_sent", "settled_by",
                   "idempotency_key", "created_at", "delivered_at"]
+
+
+class SettleSerializer(serializers.Serializer):
+    delivered = serializers.BooleanField()
 
 
 class RunEffects(APIView):
@@ -31,3 +40,43 @@ class RunEffects(APIView):
             "outbox": OutboxSerializer(run.outbox.order_by("id"), many=True).data,
             "tokens_used": run.tokens_used, "cost_usd": str(run.cost_usd),
         })
+
+
+class Oldest(CursorPagination):
+    ordering = "created_at"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+
+class OutboxList(generics.ListAPIView):
+    """Outbox messages, e.g. `?status=unknown`: the ones waiting for a person to settle."""
+
+    serializer_class = OutboxSerializer
+    pagination_class = Oldest
+
+    def get_queryset(self):
+        messages = OutboxMessage.objects.all()
+        if wanted := self.request.query_params.get("status"):
+            if wanted not in OutboxMessage.Status.values:
+                raise ApiError("invalid_filter", f"unknown status {wanted!r}")
+            messages = messages.filter(status=wanted)
+        if run := self.request.query_params.get("run"):
+            messages = messages.filter(run_id=run)
+        return messages
+
+
+class OutboxSettle(APIView):
+    """A person says whether a message of unknown outcome arrived (`delivered`), or has it
+    sent again (`delivered: false`)."""
+
+    def post(self, request, message_id):
+        body = SettleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            message = services.outbox_settle(
+                message_id=message_id, delivered=body.validated_data["delivered"],
+                by=f"api:{request.user.api_key.name}")
+        except services.OutboxError as exc:
+            raise service_error(exc) from None
+        return Response(OutboxSerializer(message).data, status=status.HTTP_200_OK)

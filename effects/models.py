@@ -26,6 +26,9 @@ class Effect(models.Model):
     error = models.TextField(blank=True, default="")
     retryable = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(default=0)  # calls started (committed before each)
+    # The last failed attempt may have reached the receiver (ConnectorError.sent): only then is
+    # a receiver that ignores keys asked (or a person) before the next attempt.
+    maybe_sent = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     done_at = models.DateTimeField(null=True, blank=True)
 
@@ -36,12 +39,15 @@ class Effect(models.Model):
 
 class OutboxMessage(models.Model):
     """A fire-and-forget notification: committed with the checkpoint of the step that sent it,
-    delivered at least once by the dispatcher; its key makes it once at the receiver."""
+    delivered afterwards under a lease (`sending`, `claimed_by` until `claimed_until`); its key
+    makes it once at receivers that honour keys, and the others are asked or left to a person."""
 
     class Status(models.TextChoices):
-        PENDING = "pending"
+        PENDING = "pending"  # due at next_attempt_at
+        SENDING = "sending"  # claimed: only claimed_by records the outcome, until claimed_until
         DELIVERED = "delivered"
-        FAILED = "failed"  # gave up after OUTBOX_MAX_ATTEMPTS
+        FAILED = "failed"  # gave up after OUTBOX_MAX_ATTEMPTS, or refused for good
+        UNKNOWN = "unknown"  # may have reached a receiver that cannot be asked: a person decides
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox")
     name = models.CharField(max_length=200)
@@ -49,12 +55,26 @@ class OutboxMessage(models.Model):
     args = models.JSONField(default=dict)
     idempotency_key = models.CharField(max_length=64, unique=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)  # claims taken; fences the outcome
     next_attempt_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    # An earlier attempt may have reached the receiver (set by every claim, cleared when an
+    # attempt failed before sending): a receiver that ignores keys is asked before a resend.
+    maybe_sent = models.BooleanField(default=False, db_default=False)
     last_error = models.TextField(blank=True, default="")
     result = models.JSONField(null=True, blank=True)
+    settled_by = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["status", "next_attempt_at"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=[
+                "pending", "sending", "delivered", "failed", "unknown"]),
+                name="outbox_status_valid"),
+            models.CheckConstraint(condition=~models.Q(status="sending") | (
+                ~models.Q(claimed_by="") & models.Q(claimed_until__isnull=False)),
+                name="outbox_sending_has_claim"),
+        ]

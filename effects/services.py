@@ -3,8 +3,14 @@
 `effect_perform` is what `ctx.effect(...)` calls. For a (run, scope, name) it either returns the
 recorded result without calling anything, or commits the effect as `pending` (fenced on the
 run's lease epoch), calls the connector with a stable idempotency key, and records the outcome.
-After a crash an effect found `pending` is sent again only to receivers that honour the key;
-for the others the connector reconciles (`lookup`) or a person decides ("outcome unknown").
+After a crash an effect found `pending` is sent again only to receivers that honour the key (or
+calls that are safe to repeat, like a model's); for the others the connector reconciles
+(`lookup`) or a person decides ("outcome unknown"). An attempt that failed before reaching the
+receiver (`ConnectorError.sent=False`) is simply made again.
+
+The outbox (`ctx.notify`) is delivered after the step's checkpoint commits, under a lease per
+message: one deliverer claims it (`sending`, until `claimed_until`), only that claim records the
+outcome, and an expired claim or a failure that may have been sent follows the same rules.
 """
 
 import hashlib
@@ -18,7 +24,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -113,10 +119,12 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     call = Call(tenant=schema, run_id=scope.run_id, effect=name,
                 idempotency_key=effect.idempotency_key, args=args,
                 credentials=_credentials(connector))
-    if effect.attempts > 0 and not receiver.honours_idempotency_key and (
+    resend_is_safe = receiver.honours_idempotency_key or receiver.safe_to_repeat
+    if effect.attempts > 0 and not resend_is_safe and (
             effect.status == Effect.Status.PENDING
-            or (effect.status == Effect.Status.FAILED and effect.retryable)):
-        # An earlier attempt may have reached a receiver that ignores our key: ask it.
+            or (effect.status == Effect.Status.FAILED and effect.retryable and effect.maybe_sent)):
+        # An earlier attempt may have reached a receiver that ignores our key: ask it. (One
+        # that failed before sending, ConnectorError.sent=False, is simply made again.)
         found = receiver.lookup(call)
         if isinstance(found, Found):
             return _effect_done(effect, found.result, reconciled=True)
@@ -134,13 +142,14 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     try:
         result = receiver.execute(call)
     except ConnectorError as exc:
-        if exc.sent and not receiver.honours_idempotency_key:
+        if exc.sent and not resend_is_safe:
             Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
-                status=Effect.Status.UNKNOWN, error=str(exc))
+                status=Effect.Status.UNKNOWN, error=str(exc), maybe_sent=True)
             effect.status, effect.error = Effect.Status.UNKNOWN, str(exc)
             raise NeedsPerson("effect_outcome", _unknown_request(effect)) from exc
         Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
-            status=Effect.Status.FAILED, error=str(exc), retryable=exc.retryable)
+            status=Effect.Status.FAILED, error=str(exc), retryable=exc.retryable,
+            maybe_sent=exc.sent)
         if exc.retryable:
             raise EffectError(f"effect {name!r} via {connector}: {exc}") from exc
         raise EffectRefused(f"effect {name!r} via {connector}: {exc}") from exc
@@ -250,15 +259,19 @@ def _unknown_request(effect: Effect) -> dict:
     }
 
 
-def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: str) -> None:
-    """A person said what happened to an effect of unknown outcome."""
+def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: str,
+                          result: Any = None) -> None:
+    """A person said what happened to an effect of unknown outcome; if it was delivered they
+    may give the result the step reads (e.g. the receiver's message id), else it is their
+    confirmation."""
     effect = Effect.objects.get(run_id=run_id, scope=request["scope"], name=request["effect"])
     if delivered:
         Effect.objects.filter(id=effect.id).update(
-            status=Effect.Status.DONE, result={"confirmed_by": by}, done_at=timezone.now())
+            status=Effect.Status.DONE, done_at=timezone.now(),
+            result={"confirmed_by": by} if result is None else result)
     else:  # not delivered: send again
         Effect.objects.filter(id=effect.id).update(status=Effect.Status.PENDING, attempts=0,
-                                                   error="")
+                                                   error="", maybe_sent=False)
 
 
 def _credentials(connector: str) -> dict:
@@ -303,40 +316,150 @@ def outbox_kick() -> None:
     outbox_deliver_due.delay()
 
 
-def outbox_deliver(*, message_id: int) -> str:
-    """Deliver one message (at least once); on failure, back off exponentially."""
-    with transaction.atomic():
-        message = (OutboxMessage.objects.select_for_update(skip_locked=True)
-                   .filter(id=message_id, status=OutboxMessage.Status.PENDING,
-                           next_attempt_at__lte=timezone.now()).first())
-        if message is None:
-            return "skipped"
-        # Claim the attempt before calling, so a crash here costs a delay, not a duplicate loop.
-        attempts = message.attempts + 1
-        retry_at = timezone.now() + timedelta(
-            seconds=settings.OUTBOX_BACKOFF_SECONDS * 2 ** (attempts - 1))
-        OutboxMessage.objects.filter(id=message.id).update(attempts=attempts,
-                                                           next_attempt_at=retry_at)
+class OutboxError(Exception):
+    """A refused outbox verb, with a stable code for the API."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def outbox_deliver_next(*, owner: str) -> str | None:
+    """Claim this tenant's next due message and deliver it; None when nothing is due."""
+    message, maybe_sent = _outbox_claim(owner=owner)
+    if message is None:
+        return None
+    return _outbox_attempt(message, maybe_sent=maybe_sent)
+
+
+def _outbox_claim(*, owner: str) -> tuple[OutboxMessage | None, bool]:
+    """Take one due message in one compare-and-set: pending and due, or sending under a claim
+    that expired (its deliverer died). A live claim is never taken. Returns the message and
+    whether an earlier attempt may have reached the receiver."""
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH due AS (
+                SELECT id, maybe_sent OR status = 'sending' AS maybe_sent FROM {table}
+                 WHERE (status = 'pending' AND next_attempt_at <= now())
+                    OR (status = 'sending' AND claimed_until < now())
+                 ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE {table} m
+               SET status = 'sending', claimed_by = %s, attempts = m.attempts + 1,
+                   claimed_until = now() + make_interval(secs => %s), maybe_sent = true
+              FROM due WHERE m.id = due.id
+            RETURNING m.id, due.maybe_sent
+            """, [owner, settings.OUTBOX_CLAIM_SECONDS])
+        row = cursor.fetchone()
+    if row is None:
+        return None, False
+    return OutboxMessage.objects.get(id=row[0]), row[1]
+
+
+def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
+    receiver = connector_get(message.connector)
     call = Call(tenant=connection.schema_name, run_id=message.run_id, effect=message.name,
                 idempotency_key=message.idempotency_key, args=message.args,
                 credentials=_credentials(message.connector))
+    if maybe_sent and not (receiver.honours_idempotency_key or receiver.safe_to_repeat):
+        # An earlier attempt may have reached a receiver that ignores our key: ask, never resend.
+        try:
+            found = receiver.lookup(call)
+        except Exception:  # noqa: BLE001  (a lookup that fails cannot tell)
+            log.exception("outbox %s: lookup failed", message.id)
+            found = Lookup.UNKNOWN
+        if isinstance(found, Found):
+            return _outbox_record(message, OutboxMessage.Status.DELIVERED, result=found.result,
+                                  event="outbox_reconciled")
+        if found is Lookup.UNKNOWN:
+            return _outbox_record(message, OutboxMessage.Status.UNKNOWN,
+                                  error=message.last_error or "a deliverer stopped mid-call",
+                                  event="outbox_unknown")
+    if message.attempts > settings.OUTBOX_MAX_ATTEMPTS:  # its deliverers kept dying on it
+        return _outbox_record(message, OutboxMessage.Status.FAILED,
+                              error=f"gave up after {message.attempts - 1} attempts")
     try:
-        result = connector_get(message.connector).execute(call)
+        result = receiver.execute(call)
     except Exception as exc:  # noqa: BLE001  (any failure: try again later, or give up)
-        gave_up = attempts >= settings.OUTBOX_MAX_ATTEMPTS or (
-            isinstance(exc, ConnectorError) and not exc.retryable)
-        OutboxMessage.objects.filter(id=message.id).update(
-            last_error=f"{type(exc).__name__}: {exc}"[:2000],
-            status=OutboxMessage.Status.FAILED if gave_up else OutboxMessage.Status.PENDING)
-        log.warning("outbox %s attempt %s failed: %s", message.id, attempts, exc)
-        return "failed" if gave_up else "retry"
-    OutboxMessage.objects.filter(id=message.id).update(
-        status=OutboxMessage.Status.DELIVERED, result=result, delivered_at=timezone.now(),
-        last_error="")
-    return "delivered"
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        sent = not isinstance(exc, ConnectorError) or exc.sent
+        log.warning("outbox %s attempt %s failed (sent=%s): %s", message.id, message.attempts,
+                    sent, exc)
+        if isinstance(exc, ConnectorError) and not exc.retryable:
+            return _outbox_record(message, OutboxMessage.Status.FAILED, error=error, sent=sent)
+        if message.attempts >= settings.OUTBOX_MAX_ATTEMPTS:
+            status = OutboxMessage.Status.FAILED
+            if sent and not (receiver.honours_idempotency_key or receiver.safe_to_repeat):
+                status = OutboxMessage.Status.UNKNOWN
+            return _outbox_record(message, status, error=error, sent=sent,
+                                  event="outbox_unknown" if status == "unknown" else None)
+        return _outbox_record(message, OutboxMessage.Status.PENDING, error=error, sent=sent)
+    return _outbox_record(message, OutboxMessage.Status.DELIVERED, result=result)
+
+
+def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, error: str = "",
+                   sent: bool = True, event: str | None = None) -> str:
+    """Record an attempt's outcome, only while the claim is ours (owner and attempt). A late
+    delivery may still settle a message left `unknown`: that is the truth a person would need."""
+    claim = Q(status=OutboxMessage.Status.SENDING, claimed_by=message.claimed_by,
+              attempts=message.attempts)
+    if status == OutboxMessage.Status.DELIVERED:
+        claim |= Q(status=OutboxMessage.Status.UNKNOWN)
+    fields = {"status": status, "claimed_by": "", "claimed_until": None, "last_error": error,
+              "maybe_sent": sent}
+    if status == OutboxMessage.Status.DELIVERED:
+        fields.update(result=result, delivered_at=timezone.now())
+    elif status == OutboxMessage.Status.PENDING:
+        fields["next_attempt_at"] = timezone.now() + timedelta(
+            seconds=settings.OUTBOX_BACKOFF_SECONDS * 2 ** (message.attempts - 1))
+    with transaction.atomic():
+        recorded = OutboxMessage.objects.filter(claim, id=message.id).update(**fields)
+        if recorded and event:
+            from runs.engine import event_record
+
+            event_record(run_id=message.run_id, kind=event, message=message.id,
+                         name=message.name, connector=message.connector, error=error)
+    if not recorded:
+        log.warning("outbox %s: claim %s of %s was taken over; outcome %s not recorded",
+                    message.id, message.attempts, message.claimed_by, status)
+        return "lost_claim"
+    return "retry" if status == OutboxMessage.Status.PENDING else status
+
+
+def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage:
+    """A person said whether a message of unknown outcome arrived: delivered is recorded as
+    such; not delivered is sent again (the only resend a receiver that ignores keys gets)."""
+    with transaction.atomic():
+        message = OutboxMessage.objects.select_for_update().filter(id=message_id).first()
+        if message is None:
+            raise OutboxError("not_found", "No such outbox message.")
+        if message.status != OutboxMessage.Status.UNKNOWN:
+            raise OutboxError("outbox_not_unknown",
+                              f"This message is {message.status}; only unknown ones are settled.")
+        if delivered:
+            message.status, message.delivered_at = OutboxMessage.Status.DELIVERED, timezone.now()
+            message.result = {"confirmed_by": by}
+        else:
+            message.status, message.next_attempt_at = OutboxMessage.Status.PENDING, timezone.now()
+            message.maybe_sent = False
+        message.settled_by = by
+        message.save(update_fields=["status", "delivered_at", "result", "next_attempt_at",
+                                    "maybe_sent", "settled_by"])
+        from runs.engine import event_record
+
+        event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,
+                     name=message.name, delivered=delivered, by=by)
+        if not delivered:
+            transaction.on_commit(outbox_kick)
+    return message
 
 
 def outbox_due_ids(limit: int = 100) -> list[int]:
+    """Messages a deliverer may claim now: pending and due, or sending under an expired claim."""
+    now = timezone.now()
     return list(OutboxMessage.objects.filter(
-        status=OutboxMessage.Status.PENDING, next_attempt_at__lte=timezone.now())
+        Q(status=OutboxMessage.Status.PENDING, next_attempt_at__lte=now)
+        | Q(status=OutboxMessage.Status.SENDING, claimed_until__lt=now))
         .order_by("next_attempt_at").values_list("id", flat=True)[:limit])

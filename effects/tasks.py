@@ -1,4 +1,5 @@
-"""Outbox delivery tasks: per tenant (schema header), and a beat sweep across tenants."""
+"""Outbox delivery tasks: per tenant (schema header), and a beat sweep across tenants. They run
+on CELERY_OUTBOX_QUEUE (agentplatform.celery.task_route), never in the slots runs need."""
 
 from celery import shared_task
 from django_tenants.utils import tenant_context
@@ -7,15 +8,21 @@ from tenants.models import Tenant
 
 from . import services
 
+OUTBOX_BATCH = 100  # messages per task
+
 
 @shared_task(name="effects.outbox_deliver_due", ignore_result=True)
 def outbox_deliver_due() -> None:
-    """Deliver this tenant's due outbox messages."""
+    """Deliver this tenant's due outbox messages, each under a claim of its own (several of
+    these run at once and never take the same message)."""
+    from runs.engine import worker_id
     from runs.tasks import tenant_schema
 
     tenant_schema()
-    for message_id in services.outbox_due_ids():
-        services.outbox_deliver(message_id=message_id)
+    for _ in range(OUTBOX_BATCH):
+        if services.outbox_deliver_next(owner=worker_id()) is None:
+            return
+    outbox_deliver_due.delay()  # more are due: a fresh task, so other tenants get turns too
 
 
 @shared_task(name="effects.outbox_sweep", ignore_result=True)

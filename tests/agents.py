@@ -224,9 +224,9 @@ def _post(url: str, body: dict, key: str) -> dict:
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
+    except urllib.error.HTTPError as exc:  # 503: refused at the door, nothing was acted on
         raise ConnectorError(f"receiver said {exc.code}", retryable=exc.code >= 500,
-                             sent=exc.code >= 500) from exc
+                             sent=exc.code >= 500 and exc.code != 503) from exc
     except OSError as exc:
         raise ConnectorError(f"receiver unreachable: {exc}", retryable=True, sent=True) from exc
 
@@ -431,3 +431,30 @@ def ask_after_join(ctx, state):
 @fan_ask.step(next=[])
 def asked(ctx, state):
     return finish([r.value for r in ctx.fan_out])
+
+
+# -- three steps that each notify (ctx.notify) a receiver: the outbox under load ---------------
+herald = Agent("herald", version=1)
+
+
+def _announce(ctx, state, n: int) -> None:
+    ctx.notify(f"note-{n}", state.get("connector", "test_keyed"), url=state["url"], n=n,
+               searchable=state.get("searchable", False))
+
+
+@herald.step(start=True, next=["second_note"])
+def first_note(ctx, state):
+    _announce(ctx, state, 1)
+    return finish("announced") if state.get("notes", 3) == 1 else goto("second_note")
+
+
+@herald.step(next=["third_note"])
+def second_note(ctx, state):
+    _announce(ctx, state, 2)
+    return goto("third_note")
+
+
+@herald.step(next=[])
+def third_note(ctx, state):
+    _announce(ctx, state, 3)
+    return finish("announced")

@@ -1,4 +1,5 @@
-"""The test session: a fresh database with two tenants, acme and globex, and real Celery workers.
+"""The test session: a fresh database with two tenants, acme and globex, and real Celery workers
+(run workers on CELERY_QUEUE, an outbox delivery worker on CELERY_OUTBOX_QUEUE).
 
 Tests talk to committed data over real connections (workers are separate processes), so each
 test makes its own rows with fresh ids instead of relying on rollback.
@@ -200,21 +201,53 @@ def _session_worker(celery_queue_clean, s3, _session_beat):
     workers[-1].stop()
 
 
+@pytest.fixture(scope="session")
+def _session_outbox(celery_queue_clean, s3):
+    workers = [localprocs.Worker.outbox("session-outbox", log_dir=LOGS).wait_ready()]
+    yield workers
+    workers[-1].stop()
+
+
 @pytest.fixture
-def worker(_session_worker, beat):
-    """A worker process (and beat) shared by the session; restarted if a test killed it."""
+def outbox_worker(_session_outbox):
+    """The session's outbox delivery worker (its own queue); restarted if a test killed it."""
+    if _session_outbox[-1].process.poll() is not None:
+        _session_outbox.append(localprocs.Worker.outbox(
+            f"session-outbox-{len(_session_outbox)}", log_dir=LOGS).wait_ready())
+    return _session_outbox[-1]
+
+
+@pytest.fixture
+def worker(_session_worker, beat, outbox_worker):
+    """A worker process (and beat, and outbox delivery) shared by the session; restarted if a
+    test killed it."""
     if _session_worker[-1].process.poll() is not None:
         _session_worker.append(Worker(f"session-worker-{len(_session_worker)}", 2).wait_ready())
     return _session_worker[-1]
 
 
 @pytest.fixture
-def start_worker(celery_queue_clean, s3, beat):
+def start_worker(celery_queue_clean, s3, beat, outbox_worker):
     """Start extra workers for one test; all are stopped afterwards."""
     started = []
 
     def start(name: str, concurrency: int = 1) -> Worker:
         process = Worker(f"{name}-{time.monotonic_ns()}", concurrency)
+        started.append(process)
+        return process.wait_ready()
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def start_outbox_worker(celery_queue_clean, s3):
+    """Start extra outbox delivery workers for one test; all are stopped afterwards."""
+    started = []
+
+    def start(name: str) -> localprocs.Worker:
+        process = localprocs.Worker.outbox(f"{name}-{time.monotonic_ns()}", log_dir=LOGS)
         started.append(process)
         return process.wait_ready()
 

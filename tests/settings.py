@@ -17,6 +17,7 @@ os.environ["CELERY_BROKER_URL"] = os.environ.get(
     "TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - SLOT}"
 )
 os.environ["CELERY_QUEUE"] = f"agentplatform-test{SLOT or ''}"
+os.environ["CELERY_OUTBOX_QUEUE"] = f"agentplatform-test{SLOT or ''}-outbox"
 os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"
@@ -26,6 +27,8 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
                     "DISPATCH_TICK_SECONDS": "0.5", "OUTBOX_BACKOFF_SECONDS": "0.2",
                     "OUTBOX_SWEEP_SECONDS": "0.5", "RUN_UNKNOWN_AGENT_RETRY_SECONDS": "0.3",
+                    # longer than the test connectors' 10 s timeout, short enough to expire in a test
+                    "OUTBOX_CLAIM_SECONDS": "12",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)

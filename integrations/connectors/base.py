@@ -48,6 +48,9 @@ class Connector:
     # True when the receiver deduplicates by our key (Stripe's Idempotency-Key, our webhooks):
     # an attempt interrupted by a crash is simply sent again with the same key.
     honours_idempotency_key: ClassVar[bool] = False
+    # True when acting twice costs only money, never a second visible act (a model call): an
+    # attempt that may have been sent is simply made again, and no person is asked.
+    safe_to_repeat: ClassVar[bool] = False
 
     def execute(self, call: Call) -> dict[str, Any]:
         raise NotImplementedError

@@ -8,7 +8,8 @@ tools), "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}, "cost_u
 
 The key is sent as Idempotency-Key, but providers promise nothing about it, so the connector
 declares that it does not honour keys: the ledger records the answer, and a recorded call is
-never made again.
+never made again. A call whose answer was lost is safe to repeat (`safe_to_repeat`): it is made
+again, and never put to a person.
 """
 
 import json
@@ -35,6 +36,7 @@ def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
 class ModelConnector(Connector):
     name = "model"
     honours_idempotency_key = False
+    safe_to_repeat = True  # a second answer costs tokens, not a second act in the world
 
     def execute(self, call: Call) -> dict[str, Any]:
         args = call.args

@@ -1,10 +1,12 @@
 """A local receiver for effect tests: counts what arrives, deduplicates by Idempotency-Key
-when asked to (like Stripe), answers lookups, and can kill the sending worker mid-call."""
+when asked to (like Stripe), answers lookups, can kill the sending worker mid-call, answer
+/notify slowly or not until released, and fail /charge (503: refused before acting; 500: acted, maybe)."""
 
 import json
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -21,6 +23,10 @@ class Receiver:
         self.by_key: dict[str, dict] = {}  # first response per key
         self.notify_failures = 0  # answer /notify with 500 this many times first
         self.kill_runs: set[str] = set()  # kill the worker holding these runs, once each
+        self.notify_delay = 0.0  # answer /notify after this many seconds
+        self.hold_notify = False  # keep /notify unanswered until `release` is set
+        self.release = threading.Event()
+        self.charge_errors: list[int] = []  # answer the next /charge requests with these
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -29,10 +35,16 @@ class Receiver:
                 key = self.headers.get("Idempotency-Key", "")
                 path = urlparse(self.path).path
                 with receiver.lock:
-                    receiver.requests.append({"path": path, "key": key, "body": body})
+                    receiver.requests.append({"path": path, "key": key, "body": body,
+                                              "at": time.time()})
                     if path.endswith("/notify") and receiver.notify_failures > 0:
                         receiver.notify_failures -= 1
                         return self._answer(500, {"error": "try later"})
+                    if path.endswith("/charge") and receiver.charge_errors:
+                        code = receiver.charge_errors.pop(0)
+                        if code == 503:  # refused at the door: it never arrived
+                            receiver.requests.pop()
+                        return self._answer(code, {"error": "not now"})
                     seen = receiver.by_key.get(key) if receiver.dedupe else None
                     if seen is None:
                         seen = {"id": f"ch_{len(receiver.by_key) + 1}", "amount":
@@ -43,6 +55,10 @@ class Receiver:
                 if victim:  # it arrived; the sender dies before it hears back
                     receiver.kill_holder(body["run"])
                     return
+                if path.endswith("/notify"):
+                    if receiver.hold_notify:
+                        receiver.release.wait(timeout=60)
+                    time.sleep(receiver.notify_delay)
                 self._answer(200, seen)
 
             def do_GET(self):
@@ -86,5 +102,11 @@ class Receiver:
         with self.lock:
             return sum(1 for r in self.requests if r["path"] == path)
 
+    def keys(self, path="/notify") -> Counter:
+        """How many requests arrived per key, duplicates included."""
+        with self.lock:
+            return Counter(r["key"] for r in self.requests if r["path"] == path)
+
     def close(self):
+        self.release.set()
         self.server.shutdown()

@@ -61,9 +61,10 @@ def test_parked_approval_goes_to_slack_through_the_outbox_and_a_click_decides_it
         posted = wait_for(lambda: list(fake_slack.messages.get("C0APPROVALS", [])), timeout=30,
                           what="the approval message in Slack")
         assert len(posted) == 1
-        with tenant_context(acme):
-            message = OutboxMessage.objects.get(run_id=run_id)
-            assert message.status == "delivered" and message.connector == "slack"
+        with tenant_context(acme):  # Slack has it; the deliverer records it a moment later
+            message = wait_for(lambda: OutboxMessage.objects.filter(
+                run_id=run_id, status="delivered").first(), timeout=30, what="delivered")
+            assert message.connector == "slack"
         approval_id = acme_api.get(f"/api/v1/approvals?run={run_id}").json()["results"][0]["id"]
         assert approval_id in json.dumps(posted[0])
         body = click_body(slack.team_id, approval_id, user="U0BOSS")
