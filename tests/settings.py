@@ -26,6 +26,8 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
                     "DISPATCH_TICK_SECONDS": "0.5", "OUTBOX_BACKOFF_SECONDS": "0.2",
                     "OUTBOX_SWEEP_SECONDS": "0.5",
+                    "WEBHOOK_INBOX_SWEEP_SECONDS": "0.5",
+                    "WEBHOOK_INBOX_SWEEP_AFTER_SECONDS": "1", "WEBHOOK_INBOX_BACKOFF_SECONDS": "0.2",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)
