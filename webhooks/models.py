@@ -1,6 +1,7 @@
 """Webhook routing (public schema): which tenant a Slack workspace or Gmail mailbox belongs to,
-the ids of deliveries already accepted, and the inbox they are delivered from. A webhook finds its tenant here before any schema
-is selected; the work then happens in the tenant's schema, in a worker."""
+the ids of deliveries already accepted, and the inbox they are delivered from. A webhook finds
+its tenant here before any schema is selected; the work then happens in the tenant's schema,
+in a worker."""
 
 import uuid
 

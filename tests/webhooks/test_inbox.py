@@ -3,11 +3,13 @@ sender gets its 200, and is delivered from that row once, whatever happens to th
 the delivering task."""
 
 import uuid
+from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 from django_tenants.utils import tenant_context
 
 from approvals.models import Approval, InboundEvent
@@ -170,12 +172,6 @@ def test_a_resent_click_is_one_decision_and_a_stale_one_is_a_recorded_refusal(
 
 @pytest.mark.parametrize("kind", ["slack_event", "slack_decision", "gmail_push"])
 def test_inbox_rows_keep_to_their_kinds_and_statuses(acme, kind):
-    from django.db import IntegrityError, transaction
-
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     row = InboxItem.objects.create(tenant=acme, kind=kind, source_id=f"test:{uuid.uuid4()}",
                                    payload={},  # not due: the sweep leaves it alone
                                    next_attempt_at=timezone.now() + timedelta(days=1))
