@@ -327,8 +327,8 @@ def inbox_deliver(*, item_id: int) -> str | None:
     with transaction.atomic():
         item = (InboxItem.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("tenant")
-                .filter(id=item_id, status=InboxItem.Status.PENDING,
-                        next_attempt_at__lte=timezone.now()).first())
+                .filter(id=item_id, status=InboxItem.Status.PENDING)
+                .filter(Q(attempts=0) | Q(next_attempt_at__lte=timezone.now())).first())
         if item is None:
             return None
         try:
