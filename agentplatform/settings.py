@@ -143,6 +143,8 @@ CELERY_BEAT_SCHEDULE = {
                       "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
     "outbox-sweep": {"task": "effects.outbox_sweep",
                      "schedule": env.float("OUTBOX_SWEEP_SECONDS", default=5.0)},
+    "webhook-inbox-sweep": {"task": "webhooks.inbox_sweep",
+                            "schedule": env.float("WEBHOOK_INBOX_SWEEP_SECONDS", default=5.0)},
     "retention-archive": {"task": "retention.archive_all_tenants",
                           "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
 }
@@ -239,6 +241,18 @@ GOOGLE_OIDC_CERTS_URL = env("GOOGLE_OIDC_CERTS_URL", default="https://www.google
 GOOGLE_OIDC_JWKS = env("GOOGLE_OIDC_JWKS", default="")
 GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS = env.float("GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS", default=3.0)
 GOOGLE_OIDC_CACHE_SECONDS = env.int("GOOGLE_OIDC_CACHE_SECONDS", default=3600)
+# The webhook inbox (docs/webhooks.md): the sweep delivers items whose doorbell was lost once
+# they are this old; a failed delivery is retried after BACKOFF * 2^attempts, at most MAX.
+WEBHOOK_INBOX_SWEEP_AFTER_SECONDS = env.float("WEBHOOK_INBOX_SWEEP_AFTER_SECONDS", default=10.0)
+WEBHOOK_INBOX_BACKOFF_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_SECONDS", default=2.0)
+WEBHOOK_INBOX_BACKOFF_MAX_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_MAX_SECONDS", default=300.0)
+# An event nobody waits for is kept this long for a wait that begins before it arrives
+# (docs/api.md#events); after that it never wakes a run.
+EVENT_BUFFER_SECONDS = env.float("EVENT_BUFFER_SECONDS", default=24 * 3600.0)
+# The retention job deletes dedupe rows (Slack/Gmail delivery ids, delivered inbox items, inbound
+# events) older than this: longer than the senders retry (Pub/Sub keeps messages 7 days).
+EVENT_DEDUPE_RETENTION_SECONDS = env.float("EVENT_DEDUPE_RETENTION_SECONDS",
+                                           default=8 * 24 * 3600.0)
 
 LOGGING = {
     "version": 1,

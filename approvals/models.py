@@ -4,6 +4,7 @@ event. A parked run is these rows and nothing else: no worker, thread or socket 
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 from runs.models import Run
 
@@ -59,6 +60,8 @@ class EventGate(models.Model):
     then = models.CharField(max_length=100)
     on_timeout = models.CharField(max_length=100, blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Events received before this are not for this wait (null: any, e.g. bulk-parked runs).
+    since = models.DateTimeField(null=True, blank=True)
     event = models.ForeignKey("InboundEvent", null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
@@ -69,14 +72,17 @@ class EventGate(models.Model):
 
 class InboundEvent(models.Model):
     """Every event that arrived for this tenant, matched or not. `source_id` deduplicates
-    (Slack event_id, Pub/Sub messageId, a client's id)."""
+    (Slack event_id, Pub/Sub messageId, a client's id). An unmatched event is buffered for
+    EVENT_BUFFER_SECONDS; the retention job deletes rows after EVENT_DEDUPE_RETENTION_SECONDS."""
 
     kind = models.CharField(max_length=64)
     key = models.CharField(max_length=255)
     source_id = models.CharField(max_length=255, null=True, blank=True, unique=True)
     payload = models.JSONField(default=dict)
-    received_at = models.DateTimeField(auto_now_add=True)
+    # When the platform accepted it (a webhook's inbox row), not when a worker stored it.
+    received_at = models.DateTimeField(default=timezone.now)
     consumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["kind", "key", "consumed_at"])]
+        indexes = [models.Index(fields=["kind", "key", "consumed_at"]),
+                   models.Index(fields=["received_at"], name="inbound_event_received")]

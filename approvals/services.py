@@ -7,16 +7,18 @@ in one transaction, through `runs.services.run_resume`.
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from dispatch.models import Wakeup
-from runs.models import Run
+from runs.models import Checkpoint, Run
 from runs.services import RunError, run_resume
 
 from .models import Approval, EventGate, InboundEvent
@@ -136,15 +138,27 @@ def _settle(approval: Approval, run: Run, *, approve: bool, by: str, result: Any
 
 
 def gate_open(*, run: Run, visit: int, kind: str, key: str, then: str, on_timeout: str | None,
-              timeout: timedelta | None) -> EventGate:
+              timeout: timedelta | None, since: datetime | None = None) -> EventGate:
     """Open a gate; an event that arrived before the run parked is matched now (no lost
-    wake-up: the event row and this check are serialised by the row lock on the event)."""
-    expires_at = timezone.now() + timeout if timeout else None
+    wake-up: the event row and this check are serialised by the row lock on the event).
+
+    Only events received since the wait began count: since the run reached the waiting step
+    (its checkpoint before `visit`, so a step re-run after a crash or a person's answer still
+    sees the reply to what it sent the first time), or since `since` if that is earlier. An
+    unmatched event older than EVENT_BUFFER_SECONDS never counts."""
+    now = timezone.now()
+    expires_at = now + timeout if timeout else None
+    reached = (Checkpoint.objects.filter(run_id=run.id, visit__lt=visit).order_by("-visit")
+               .values_list("created_at", flat=True).first())
+    begun = min(t for t in (since, reached, now) if t is not None)
     _correlation_lock(kind, key)
     gate = EventGate.objects.create(run=run, visit=visit, kind=kind, key=key, then=then,
-                                    on_timeout=on_timeout or "", expires_at=expires_at)
+                                    on_timeout=on_timeout or "", expires_at=expires_at,
+                                    since=begun)
+    buffered = now - timedelta(seconds=settings.EVENT_BUFFER_SECONDS)
     early = (InboundEvent.objects.select_for_update()
-             .filter(kind=kind, key=key, consumed_at=None).order_by("received_at").first())
+             .filter(kind=kind, key=key, consumed_at=None, received_at__gte=max(begun, buffered))
+             .order_by("received_at").first())
     if early is not None:
         _gate_resolve(gate, early)
     elif expires_at:
@@ -160,24 +174,38 @@ class Delivery:
 
 
 @retried_on_conflict
-def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None) -> Delivery:
-    """Record an event and wake every run whose open gate matches. Idempotent by source_id."""
+def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None,
+                  received_at: datetime | None = None) -> Delivery:
+    """Record an event and wake every run whose open gate matches. Idempotent by source_id.
+    `received_at`: when the platform accepted it (a webhook's inbox item), if not now; a gate
+    whose wait began later does not take it."""
     with transaction.atomic():
         _correlation_lock(kind, key)
         try:
             with transaction.atomic():
                 event = InboundEvent.objects.create(kind=kind, key=key, payload=payload,
-                                                    source_id=source_id or None)
+                                                    source_id=source_id or None,
+                                                    received_at=received_at or timezone.now())
         except IntegrityError:
             return Delivery(InboundEvent.objects.filter(source_id=source_id).first(),
                             duplicate=True)
         gates = list(EventGate.objects.filter(kind=kind, key=key, status=EventGate.Status.OPEN)
+                     .filter(Q(since=None) | Q(since__lte=event.received_at))
                      .order_by("run_id", "id"))  # locked in _gate_resolve, after their run
         resumed = []
         for gate in gates:
             if _gate_resolve(gate, event):
                 resumed.append(gate.run_id)
     return Delivery(event, resumed=resumed)
+
+
+def inbound_events_prune(*, now: datetime | None = None) -> int:
+    """Delete this tenant's inbound events older than EVENT_DEDUPE_RETENTION_SECONDS (and the
+    buffer): past every sender's retry window, their source_id no longer needs deduplicating,
+    and the runs they woke hold their payload in state."""
+    keep = max(settings.EVENT_DEDUPE_RETENTION_SECONDS, settings.EVENT_BUFFER_SECONDS)
+    cutoff = (now or timezone.now()) - timedelta(seconds=keep)
+    return InboundEvent.objects.filter(received_at__lt=cutoff).delete()[0]
 
 
 def _correlation_lock(kind: str, key: str) -> None:

@@ -1,5 +1,6 @@
 """Retention verbs: the archive pass (compact shallow runs, archive and prune runs past their
-TTL), restore for audit, and re-wrapping archive keys when a tenant's data key rotates.
+TTL, prune old inbound events), restore for audit, and re-wrapping archive keys when a
+tenant's data key rotates.
 
 Order of one run's archival, all inside one transaction holding the run's row lock:
 serialize -> seal -> upload -> read back and compare sha256 -> Archive row -> prune.
@@ -20,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.services import inbound_events_prune
 from runs.agents import RetentionPolicy
 from runs.models import Checkpoint, Run
 from tenants.models import Tenant, TenantKey
@@ -58,6 +60,7 @@ class PassReport:
     discarded: int = 0
     failed: int = 0
     archived_bytes: int = 0
+    pruned_events: int = 0  # inbound events past EVENT_DEDUPE_RETENTION_SECONDS
     stopped: str = ""  # why the pass stopped early (S3 unavailable), if it did
 
     def as_dict(self) -> dict:
@@ -69,7 +72,8 @@ def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | No
     from django.conf import settings
 
     now = now or timezone.now()
-    report = PassReport(compacted_checkpoints=shallow_compact())
+    report = PassReport(compacted_checkpoints=shallow_compact(),
+                        pruned_events=inbound_events_prune(now=now))
     for run_id, policy in selectors.runs_due(now=now, limit=limit or settings.RETENTION_BATCH_SIZE):
         try:
             archive = run_archive(tenant=tenant, run_id=run_id, policy=policy)

@@ -517,7 +517,7 @@ class Harness:
                                  error=f"max wall time reached: {run.active_seconds:.1f}s of "
                                        f"{run.max_wall_seconds:.1f}s")
             step = agent.steps[position.step]
-            started = time.monotonic()
+            started, self.step_started_at = time.monotonic(), timezone.now()
             try:
                 transition = self._step_run(step, position, logs)
                 if transition is None:  # retries exhausted; the errors are in the events
@@ -712,9 +712,10 @@ class Harness:
                     parking.approval_open(run=run, visit=visit, request=request, then=then,
                                           on_timeout=on_timeout, timeout=timeout)
                 case WaitForEvent(kind=kind, key=key, then=then, on_timeout=on_timeout,
-                                  timeout=timeout):
+                                  timeout=timeout, since=since):
                     parking.gate_open(run=run, visit=visit, kind=kind, key=key, then=then,
-                                      on_timeout=on_timeout, timeout=timeout)
+                                      on_timeout=on_timeout, timeout=timeout,
+                                      since=since or self.step_started_at)
                 case Sleep():
                     parking.wakeup_schedule(run_id=run.id, visit=visit, due_at=due)
                 case RunChild(agent=agent, input=input, then=then, version=version):

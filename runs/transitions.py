@@ -41,6 +41,7 @@ class WaitForEvent(Transition):
     then: str
     timeout: timedelta | None = None
     on_timeout: str | None = None
+    since: datetime | None = None  # match events received since then, if before the step began
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,12 @@ def wait_for_approval(request: dict, *, then: str, timeout: timedelta | None = N
 
 
 def wait_for_event(kind: str, key: str, *, then: str, timeout: timedelta | None = None,
-                   on_timeout: str | None = None, update: dict | None = None) -> WaitForEvent:
-    return WaitForEvent(kind, key, then, timeout, on_timeout, update=update or {})
+                   on_timeout: str | None = None, since: datetime | None = None,
+                   update: dict | None = None) -> WaitForEvent:
+    """Park until an event (kind, key) arrives. Only events received since the step began
+    count, or since `since` (timezone-aware) if that is earlier: an old event never wakes a
+    new wait."""
+    return WaitForEvent(kind, key, then, timeout, on_timeout, since, update=update or {})
 
 
 def sleep(*, then: str, until: datetime | None = None, duration: timedelta | None = None,

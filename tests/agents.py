@@ -162,7 +162,7 @@ waiter = Agent("waiter", version=1)
 
 @waiter.step(start=True, next=["decided", "gave_up", "slept", "child_done", "event_seen"])
 def ask(ctx, state):
-    from datetime import timedelta
+    from datetime import datetime, timedelta
 
     timeout = timedelta(seconds=state["timeout"]) if state.get("timeout") else None
     match state["how"]:
@@ -172,8 +172,10 @@ def ask(ctx, state):
                                      then="decided", timeout=timeout,
                                      on_timeout="gave_up" if timeout else None)
         case "event":
+            since = datetime.fromisoformat(state["since"]) if state.get("since") else None
             return wait_for_event(state["kind"], state["key"], then="event_seen",
-                                  timeout=timeout, on_timeout="gave_up" if timeout else None)
+                                  timeout=timeout, on_timeout="gave_up" if timeout else None,
+                                  since=since)
         case "sleep":
             return sleep(then="slept", duration=timedelta(seconds=state["seconds"]))
         case "child":

@@ -29,6 +29,8 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "OUTBOX_SWEEP_SECONDS": "0.5", "RUN_UNKNOWN_AGENT_RETRY_SECONDS": "0.3",
                     # longer than the test connectors' 10 s timeout, short enough to expire in a test
                     "OUTBOX_CLAIM_SECONDS": "12",
+                    "WEBHOOK_INBOX_SWEEP_SECONDS": "0.5",
+                    "WEBHOOK_INBOX_SWEEP_AFTER_SECONDS": "1", "WEBHOOK_INBOX_BACKOFF_SECONDS": "0.2",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)

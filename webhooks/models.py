@@ -1,10 +1,12 @@
 """Webhook routing (public schema): which tenant a Slack workspace or Gmail mailbox belongs to,
-and the ids of deliveries already accepted. A webhook finds its tenant here before any schema
-is selected; the work then happens in the tenant's schema, in a worker."""
+the ids of deliveries already accepted, and the inbox they are delivered from. A webhook finds
+its tenant here before any schema is selected; the work then happens in the tenant's schema,
+in a worker."""
 
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 from tenants.models import Tenant
 
@@ -55,6 +57,7 @@ class SlackEventSeen(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["connection", "event_id"],
                                                name="slack_event_seen_unique")]
+        indexes = [models.Index(fields=["received_at"], name="slack_event_seen_received")]
 
 
 class GmailMessageSeen(models.Model):
@@ -67,3 +70,57 @@ class GmailMessageSeen(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["connection", "message_id"],
                                                name="gmail_message_seen_unique")]
+        indexes = [models.Index(fields=["received_at"], name="gmail_message_seen_received")]
+
+
+class InboxItem(models.Model):
+    """The webhook inbox: an accepted delivery (a Slack event, a Slack button decision, a Gmail
+    push), stored with its dedupe row before the sender gets its 200 and delivered from here.
+
+    A Celery doorbell carries only the id and the beat sweep finds what a lost doorbell left
+    pending, so a broker flush loses nothing; delivery marks the item delivered in the same
+    transaction as the tenant work, so it happens once (docs/decisions/0007-webhook-inbox.md)."""
+
+    class Kind(models.TextChoices):
+        SLACK_EVENT = "slack_event"
+        SLACK_DECISION = "slack_decision"
+        GMAIL_PUSH = "gmail_push"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    # Unique per tenant: "slack:<event_id>", "gmail:<messageId>", "slack-decision:<approval>:…"
+    source_id = models.CharField(max_length=255)
+    payload = models.JSONField()  # the raw Slack event, the decision, the Gmail notification
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    outcome = models.CharField(max_length=64, blank=True, default="")  # e.g. approval_closed
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True, default="")
+    received_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "source_id"],
+                                    name="inbox_item_tenant_source_unique"),
+            models.CheckConstraint(condition=models.Q(status__in=["pending", "delivered"]),
+                                   name="inbox_item_status_valid"),
+            models.CheckConstraint(
+                condition=models.Q(kind__in=["slack_event", "slack_decision", "gmail_push"]),
+                name="inbox_item_kind_valid"),
+            models.CheckConstraint(
+                condition=models.Q(status="pending") | models.Q(delivered_at__isnull=False),
+                name="inbox_item_delivered_has_time"),
+        ]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="inbox_item_pending_due",
+                         condition=models.Q(status="pending")),
+            models.Index(fields=["received_at"], name="inbox_item_received"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.source_id} ({self.status})"

@@ -1,11 +1,13 @@
 """Webhook verbs: connect a Slack workspace or a Gmail mailbox to a tenant; accept a Slack
-event, a Slack button click or a Gmail push.
+event, a Slack button click or a Gmail push; deliver them from the inbox.
 
-Accepting is fast and does no tenant work: verify, deduplicate (a public-schema row per
-delivery id), and enqueue a task that carries the tenant's schema header. The task delivers
-the event (`approvals.services.event_deliver`, idempotent by source_id) or decides the
-approval in the tenant's schema. The dedupe row and the enqueue share one transaction: if the
-broker refuses the message, the row is rolled back and the sender's retry is not a duplicate.
+Accepting is fast and does no tenant work: verify, then in one transaction write the dedupe
+row (a public-schema row per delivery id) and an inbox item holding the raw event or decision,
+and only then answer 200. A doorbell task carrying the item's id is rung on commit; the beat
+sweep (`inbox_sweep`) delivers what a lost doorbell left pending. Delivery runs the tenant work
+(`approvals.services.event_deliver`, `approval_decide`) and marks the item delivered in one
+transaction; a delivery that raises leaves it pending, retried with backoff
+(docs/decisions/0007-webhook-inbox.md).
 """
 
 import base64
@@ -17,15 +19,26 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from approvals.services import ApprovalError, approval_decide, event_deliver
 from tenants.models import Tenant
 
-from .models import GmailConnection, GmailMessageSeen, SlackConnection, SlackEventSeen
+from .models import (
+    GmailConnection,
+    GmailMessageSeen,
+    InboxItem,
+    SlackConnection,
+    SlackEventSeen,
+)
 from .oidc import TokenRejected, google_token_verify
 from .sealing import secret_open, secret_seal
 
@@ -153,29 +166,24 @@ def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> 
         raise WebhookRejected("malformed_body", "event_callback needs event_id and event.", 400)
     if payload.get("team_id") != connection.team_id:
         raise WebhookRejected("wrong_team", "The event is for another Slack team.", 403)
-    from .tasks import slack_event_deliver
-
     with transaction.atomic():
         try:
             with transaction.atomic():
                 SlackEventSeen.objects.create(connection=connection, event_id=event_id)
+                _inbox_put(tenant=connection.tenant, kind=InboxItem.Kind.SLACK_EVENT,
+                           source_id=f"slack:{event_id}", payload=event)
         except IntegrityError:
             log.info("slack %s: duplicate event %s (retry %s, %s)", connection.id, event_id,
                      headers.get("X-Slack-Retry-Num", "-"), headers.get("X-Slack-Retry-Reason", "-"))
             return Accepted(duplicate=True)
-        with tenant_context(connection.tenant):
-            slack_event_deliver.delay(event_id, event)
     return Accepted()
 
 
 def slack_interaction_accept(*, connection: SlackConnection, body: bytes, headers) -> int:
     """A button click (form field `payload`, type block_actions). Approve / Reject buttons carry
-    the approval id; a worker decides it in this connection's tenant only. Returns how many
-    decisions were enqueued."""
-    from urllib.parse import parse_qs
-
-    from .tasks import slack_approval_decide
-
+    the approval id; each decision is an inbox item, decided by a worker in this connection's
+    tenant only. Slack may send the same interaction again: a decision already stored (same
+    approval, action_ts and user) is a duplicate. Returns how many decisions were stored."""
     slack_request_verify(connection=connection, body=body,
                          timestamp=headers.get("X-Slack-Request-Timestamp"),
                          signature=headers.get("X-Slack-Signature"))
@@ -191,7 +199,7 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
     if payload.get("type") != "block_actions":
         return 0
     user = (payload.get("user") or {}).get("id", "")
-    decisions = []
+    stored = 0
     for action in payload.get("actions") or []:
         if action.get("action_id") not in ("approve", "reject"):
             continue
@@ -201,11 +209,22 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
             log.warning("slack %s: button %s carries no approval id", connection.id,
                         action.get("action_id"))
             continue
-        decisions.append((approval_id, action["action_id"] == "approve"))
-    with tenant_context(connection.tenant):
-        for approval_id, approve in decisions:
-            slack_approval_decide.delay(approval_id, approve, f"slack:{user}")
-    return len(decisions)
+        # action_ts is unique per click; a resent interaction repeats it.
+        click = action.get("action_ts") or payload.get("trigger_id") or \
+            hashlib.sha256(body).hexdigest()
+        decision = {"approval_id": approval_id, "approve": action["action_id"] == "approve",
+                    "by": f"slack:{user}"}
+        try:
+            with transaction.atomic():
+                _inbox_put(tenant=connection.tenant, kind=InboxItem.Kind.SLACK_DECISION,
+                           source_id=f"slack-decision:{approval_id}:{user}:{click}"[:255],
+                           payload=decision)
+        except IntegrityError:
+            log.info("slack %s: duplicate decision on approval %s by %s", connection.id,
+                     approval_id, user)
+            continue
+        stored += 1
+    return stored
 
 
 # -- Gmail -----------------------------------------------------------------------------------
@@ -237,15 +256,120 @@ def gmail_push_accept(*, connection: GmailConnection, body: bytes, authorization
         raise WebhookRejected("malformed_body", "message.messageId is required.", 400)
     if mailbox != connection.email:
         raise WebhookRejected("wrong_mailbox", "The notification is for another mailbox.", 403)
-    from .tasks import gmail_deliver
-
     with transaction.atomic():
         try:
             with transaction.atomic():
                 GmailMessageSeen.objects.create(connection=connection, message_id=message_id)
+                _inbox_put(tenant=connection.tenant, kind=InboxItem.Kind.GMAIL_PUSH,
+                           source_id=f"gmail:{message_id}",
+                           payload={"mailbox": mailbox, "historyId": history_id,
+                                    "messageId": message_id})
         except IntegrityError:
             log.info("gmail %s: duplicate message %s", connection.id, message_id)
             return False
-        with tenant_context(connection.tenant):
-            gmail_deliver.delay(mailbox, history_id, message_id)
     return True
+
+
+# -- the inbox -------------------------------------------------------------------------------
+
+def _inbox_put(*, tenant: Tenant, kind: str, source_id: str, payload: dict) -> InboxItem:
+    """Store an accepted delivery (inside the caller's transaction, with its dedupe row) and
+    ring its doorbell once that commits."""
+    item = InboxItem.objects.create(tenant=tenant, kind=kind, source_id=source_id,
+                                    payload=payload)
+    transaction.on_commit(lambda: _inbox_ring(item.id), robust=True)
+    return item
+
+
+def _inbox_ring(item_id: int) -> None:
+    from .tasks import inbox_deliver
+
+    try:
+        inbox_deliver.delay(item_id)  # public schema: the item names its tenant
+    except Exception:  # the broker is away: the item is stored, the sweep delivers it
+        log.warning("inbox item %s: doorbell not rung; the sweep delivers it", item_id,
+                    exc_info=True)
+
+
+def _inbox_work(item: InboxItem) -> str:
+    """The tenant work of one item, in its tenant's schema; returns the outcome to record."""
+    payload = item.payload
+    match item.kind:
+        case InboxItem.Kind.SLACK_EVENT:
+            kind, key = slack_event_route(payload)
+            delivery = event_deliver(kind=kind, key=key, payload=payload,
+                                     source_id=item.source_id, received_at=item.received_at)
+        case InboxItem.Kind.GMAIL_PUSH:
+            delivery = event_deliver(
+                kind="gmail", key=payload["mailbox"], source_id=item.source_id,
+                payload={"historyId": payload["historyId"], "messageId": payload["messageId"]},
+                received_at=item.received_at)
+        case InboxItem.Kind.SLACK_DECISION:
+            approve = payload["approve"]
+            try:
+                approval_decide(approval_id=uuid.UUID(payload["approval_id"]), approve=approve,
+                                by=payload["by"])
+            except ApprovalError as exc:  # stale or not ours: an answer, not a failure
+                log.warning("slack decision on approval %s in %s by %s refused: %s",
+                            payload["approval_id"], item.tenant.schema_name, payload["by"],
+                            exc.code)
+                return exc.code
+            return "approved" if approve else "rejected"
+    if delivery.duplicate:
+        return "duplicate"
+    return f"resumed {len(delivery.resumed)}"
+
+
+def inbox_deliver(*, item_id: int) -> str | None:
+    """Deliver one pending item: the tenant work and marking it delivered commit together, so
+    it is delivered once. A failure leaves it pending with backoff. Returns the outcome, or
+    None if it was delivered already, is being delivered, or must wait for its retry time."""
+    with transaction.atomic():
+        item = (InboxItem.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("tenant")
+                .filter(id=item_id, status=InboxItem.Status.PENDING)
+                .filter(Q(attempts=0) | Q(next_attempt_at__lte=timezone.now())).first())
+        if item is None:
+            return None
+        try:
+            with transaction.atomic(), tenant_context(item.tenant):
+                outcome = _inbox_work(item)
+        except Exception as exc:  # not acked away: the item stays pending and is retried
+            delay = min(settings.WEBHOOK_INBOX_BACKOFF_SECONDS * 2 ** item.attempts,
+                        settings.WEBHOOK_INBOX_BACKOFF_MAX_SECONDS)
+            log.warning("inbox item %s (%s) failed, retrying in %.1fs: %s", item.id,
+                        item.source_id, delay, exc, exc_info=True)
+            InboxItem.objects.filter(id=item.id).update(
+                attempts=item.attempts + 1, last_error=f"{type(exc).__name__}: {exc}"[:4000],
+                next_attempt_at=timezone.now() + timedelta(seconds=delay))
+            return None
+        InboxItem.objects.filter(id=item.id).update(
+            status=InboxItem.Status.DELIVERED, outcome=outcome[:64], attempts=item.attempts + 1,
+            delivered_at=timezone.now())
+    return outcome
+
+
+def inbox_sweep(*, limit: int = 500) -> int:
+    """Ring the doorbell of every pending item that is due and no younger than
+    WEBHOOK_INBOX_SWEEP_AFTER_SECONDS (younger ones have a doorbell on its way)."""
+    now = timezone.now()
+    young = now - timedelta(seconds=settings.WEBHOOK_INBOX_SWEEP_AFTER_SECONDS)
+    due = list(InboxItem.objects.filter(status=InboxItem.Status.PENDING, next_attempt_at__lte=now)
+               .filter(Q(attempts__gt=0) | Q(received_at__lte=young))
+               .order_by("next_attempt_at").values_list("id", flat=True)[:limit])
+    for item_id in due:
+        _inbox_ring(item_id)
+    return len(due)
+
+
+def inbox_prune(*, now=None) -> dict[str, int]:
+    """Delete delivered items and Slack/Gmail dedupe rows older than
+    EVENT_DEDUPE_RETENTION_SECONDS (longer than any sender retries). Pending items stay."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.EVENT_DEDUPE_RETENTION_SECONDS)
+    return {
+        "inbox_items": InboxItem.objects.filter(status=InboxItem.Status.DELIVERED,
+                                                received_at__lt=cutoff).delete()[0],
+        "slack_events_seen": SlackEventSeen.objects.filter(received_at__lt=cutoff).delete()[0],
+        "gmail_messages_seen": GmailMessageSeen.objects.filter(received_at__lt=cutoff)
+        .delete()[0],
+    }
