@@ -299,9 +299,12 @@ def first(ctx, state):
     if marker := state.get("hold_while"):  # in flight, effect recorded: where a test kills
         from pathlib import Path
 
-        deadline = time.monotonic() + 120
-        while Path(marker).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        once = Path(f"{marker}.{ctx.run_id}")  # held on its first claim only: a run killed
+        if not once.exists():  # again and again would rightly be parked as a poison step
+            once.touch()
+            deadline = time.monotonic() + 120
+            while Path(marker).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
     return goto("second")
 
 

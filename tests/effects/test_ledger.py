@@ -134,7 +134,7 @@ def test_many_runs_with_random_worker_kills_each_effect_happens_once(
         in_acme, receiver, worker, start_worker, tmp_path):
     workers = [worker, start_worker("soak-a"), start_worker("soak-b")]
     rng = random.Random(7)
-    hold = tmp_path / "hold"  # runs in flight stay mid-step until every kill has landed
+    hold = tmp_path / "hold"  # runs stay mid-step (once each) until every kill has landed
     hold.touch()
     runs = [run_start(agent="triple", input={"url": f"{receiver.base}/charge", "seconds": 0.02,
                                              "hold_while": str(hold)}).run.id
