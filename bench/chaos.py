@@ -36,7 +36,6 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 
 from runs.agents import Agent
 from runs.transitions import finish, goto, wait_for_event
@@ -228,7 +227,6 @@ def main(argv: list[str]) -> int:
     django.setup()
     import redis
     from django.conf import settings
-
     from django_tenants.utils import tenant_context
 
     from bench.platform import BenchPlatform
@@ -248,7 +246,7 @@ def main(argv: list[str]) -> int:
         receiver.httpd.handle_error = quiet
     secret = os.urandom(16).hex()
     platform = BenchPlatform(env=env, workers=args.workers, concurrency=args.concurrency)
-    platform.env["CELERY_QUEUE"] = f"agentplatform-bench-chaos{slot}"
+    platform.env["CELERY_QUEUE"] = os.environ.get("BENCH_QUEUE", f"agentplatform-bench-chaos{slot}")
     broker = redis.Redis.from_url(platform.env["CELERY_BROKER_URL"])
     kills = flushes = pg_restarts = 0
     with platform:
@@ -315,24 +313,10 @@ def main(argv: list[str]) -> int:
             web.stop()
     hooks_seen, slack_seen = hooks.keys_by_logical(), slack.posts_by_logical(FAST_CHANNEL)
     notes_seen = slack.posts_by_logical(SLOW_CHANNEL)
-    lost = Counter()
-    for run_id, run_input in inputs.items():
-        if statuses[run_id] != "succeeded":
-            continue
-        expected = expected_messages(run_id, run_input)
-        lost["webhook"] += sum(m not in hooks_seen for m in expected["webhook"])
-        lost["slack"] += sum(m not in slack_seen for m in expected["slack"])
-        lost["notes"] += sum(m not in notes_seen for m in expected["notes"])
-    duplicate_effects = (sum(len(keys) - 1 for keys in hooks_seen.values())
-                         + sum(n - 1 for n in slack_seen.values()))
-    double_sends = sum(n - 1 for n in notes_seen.values())
-    woken = {run_id for run_id, run_input in inputs.items()
-             if run_input.get("channel") and f"{run_id}/woken/hook" in hooks_seen}
-    channel_run = {run_input["channel"]: run_id for run_id, run_input in inputs.items()
-                   if run_input.get("channel")}
-    lost_wakeups = sum(channel_run[c] not in woken for c in events.accepted)
+    counts, lost = chaos_count(inputs=inputs, statuses=statuses, hooks_seen=hooks_seen,
+                               slack_seen=slack_seen, notes_seen=notes_seen,
+                               accepted=set(events.accepted))
     outcome = Counter(statuses.values())
-    stuck = args.runs - outcome["succeeded"]
     print(f"ran {elapsed:.0f}s: runs succeeded={outcome['succeeded']} "
           f"parked_for_person={len(for_person)} "
           f"waiting_otherwise={outcome['waiting'] - len(for_person)} "
@@ -344,15 +328,41 @@ def main(argv: list[str]) -> int:
           f"lost by receiver webhook={lost['webhook']} slack={lost['slack']} "
           f"notes={lost['notes']}")
     print(f"slack events: answered 200={len(events.accepted)} "
-          f"of {len(channel_run)} waiting runs, requests={sum(events.tries.values())}")
-    counts = {"lost_effects": sum(lost.values()), "duplicate_effects": duplicate_effects,
-              "outbox_double_sends": double_sends, "lost_wakeups": lost_wakeups,
-              "stuck_runs": stuck}
+          f"of {sum('channel' in i for i in inputs.values())} waiting runs, "
+          f"requests={sum(events.tries.values())}")
     print(f"chaos: runs={args.runs} kills={kills} broker_flushes={flushes} "
           f"pg_restarts={pg_restarts} " + " ".join(f"{k}={v}" for k, v in counts.items()))
     hooks.stop()
     slack.stop()
     return 0 if not any(counts.values()) else 1
+
+
+def chaos_count(*, inputs: dict, statuses: dict, hooks_seen: dict[str, set[str]],
+                slack_seen: Counter, notes_seen: Counter, accepted: set[str]
+                ) -> tuple[dict[str, int], Counter]:
+    """The closing counts from what the receivers saw (logical id -> keys, or -> deliveries),
+    the runs' final statuses and the event channels answered 200; and lost, by receiver."""
+    lost = Counter()
+    for run_id, run_input in inputs.items():
+        if statuses.get(run_id) != "succeeded":
+            continue
+        expected = expected_messages(run_id, run_input)
+        lost["webhook"] += sum(m not in hooks_seen for m in expected["webhook"])
+        lost["slack"] += sum(m not in slack_seen for m in expected["slack"])
+        lost["notes"] += sum(m not in notes_seen for m in expected["notes"])
+    run_of = {run_input["channel"]: run_id for run_id, run_input in inputs.items()
+              if run_input.get("channel")}
+    counts = {
+        "lost_effects": sum(lost.values()),
+        # The webhook receiver deduplicates by key: a second key is the duplicate. Slack
+        # cannot: every post after the first is one.
+        "duplicate_effects": (sum(len(keys) - 1 for keys in hooks_seen.values())
+                              + sum(n - 1 for n in slack_seen.values())),
+        "outbox_double_sends": sum(n - 1 for n in notes_seen.values()),
+        "lost_wakeups": sum(f"{run_of[c]}/woken/hook" not in hooks_seen for c in accepted),
+        "stuck_runs": sum(statuses.get(run_id) != "succeeded" for run_id in inputs),
+    }
+    return counts, lost
 
 
 def worker_kill(platform, inputs: dict) -> int:
