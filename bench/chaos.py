@@ -8,7 +8,8 @@ a Redis db and a queue of the bench's own (suffixed by BENCH_SLOT, else TEST_SLO
 Each run of the agent `bench_chaos` takes `--steps` visits of its step `work`. Every visit
 makes a ledger effect through the `webhook` connector (a receiver that deduplicates by
 Idempotency-Key); the first visit queues an outbox notification (`ctx.notify`) through the
-`slack` connector to a channel whose receiver answers after `--slow-seconds`; the last visit
+`slack` connector, for every `--slow-every`-th run to a channel whose receiver posts it and
+answers only `--slow-seconds` later, for the others to a prompt one; the last visit
 makes a ledger effect through `slack` (chat.postMessage: Slack ignores keys). Every
 `--wait-every`-th run then waits for a Slack message event on a channel of its own, which the
 bench sends, signed, through the web server once the run waits; the resumed step makes one more
@@ -43,7 +44,8 @@ from tests.fakes.slack import FakeSlack
 from tests.fakes.webhook import FakeWebhook
 
 OWN_DJANGO_SETUP = True  # it picks its own database, Redis db and queue (by slot)
-FAST_CHANNEL, SLOW_CHANNEL = "CFAST", "CSLOW"
+FAST_CHANNEL = "CFAST"  # ledger effects through Slack
+NOTE_CHANNEL, SLOW_CHANNEL = "CNOTE", "CSLOW"  # notifications: a prompt receiver, a slow one
 SLACK_TOKEN = "xoxb-bench-chaos"
 
 chaos_agent = Agent("bench_chaos", version=1)
@@ -55,7 +57,7 @@ def work(ctx, state):
     where = f"{ctx.run_id}/work{n}"
     ctx.effect("hook", "webhook", payload={"logical": f"{where}/hook"})
     if n == 1:
-        ctx.notify("note", "slack", channel=SLOW_CHANNEL, text=f"{where}/note")
+        ctx.notify("note", "slack", channel=state["notify"], text=f"{where}/note")
     time.sleep(state["seconds"])
     if n < state["steps"]:
         return goto("work", update={"n": n})
@@ -135,13 +137,13 @@ def slot_environment() -> int:
 
 def db_retry(read, *, what: str, timeout: float = 120.0):
     """A read from this process that survives the PostgreSQL restart (reconnect and retry)."""
-    from django.db import DatabaseError, connections
+    from django.db import Error, connections
 
     deadline = time.monotonic() + timeout
     while True:
         try:
             return read()
-        except DatabaseError:
+        except Error:  # OperationalError while it restarts, InterfaceError on the dead socket
             connections.close_all()
             if time.monotonic() > deadline:
                 raise
@@ -199,7 +201,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wait-every", type=int, default=4,
                         help="every n-th run waits for a Slack event (0: none)")
     parser.add_argument("--slow-seconds", type=float, default=4.0,
-                        help="how late the notification receiver answers")
+                        help="how late the slow notification receiver answers")
+    parser.add_argument("--slow-every", type=int, default=2,
+                        help="every n-th run notifies the slow receiver, the others a fast one")
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--kill-every", type=float, default=6.0, help="seconds between kills")
     parser.add_argument("--no-broker-flush", action="store_true")
@@ -207,7 +211,7 @@ def main(argv: list[str]) -> int:
                         help="skip the PostgreSQL restart (it hurts everyone on the machine)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--deadline", type=float, default=480.0,
+    parser.add_argument("--deadline", type=float, default=450.0,
                         help="seconds from the first run's start to the count")
     parser.add_argument("--port", type=int, default=0, help="web server port (default by slot)")
     args = parser.parse_args(argv)
@@ -265,7 +269,9 @@ def main(argv: list[str]) -> int:
             with tenant_context(tenant):
                 inputs = {}
                 for i in range(args.runs):
-                    run_input = {"steps": args.steps, "seconds": args.step_seconds}
+                    slow = args.slow_every and i % args.slow_every == 0
+                    run_input = {"steps": args.steps, "seconds": args.step_seconds,
+                                 "notify": SLOW_CHANNEL if slow else NOTE_CHANNEL}
                     if args.wait_every and i % args.wait_every == args.wait_every - 1:
                         run_input["channel"] = f"CW{i}"
                     inputs[run_start(agent="bench_chaos", input=run_input).run.id] = run_input
@@ -312,7 +318,8 @@ def main(argv: list[str]) -> int:
         finally:
             web.stop()
     hooks_seen, slack_seen = hooks.keys_by_logical(), slack.posts_by_logical(FAST_CHANNEL)
-    notes_seen = slack.posts_by_logical(SLOW_CHANNEL)
+    slow_seen = slack.posts_by_logical(SLOW_CHANNEL)
+    notes_seen = slow_seen + slack.posts_by_logical(NOTE_CHANNEL)
     counts, lost = chaos_count(inputs=inputs, statuses=statuses, hooks_seen=hooks_seen,
                                slack_seen=slack_seen, notes_seen=notes_seen,
                                accepted=set(events.accepted))
@@ -324,7 +331,8 @@ def main(argv: list[str]) -> int:
           f"failed={outcome['failed']} cancelled={outcome['cancelled']}")
     print(f"receivers: webhook deliveries={len(hooks.deliveries)} for {len(hooks_seen)} messages; "
           f"slack posts={len(slack.messages.get(FAST_CHANNEL, []))} for {len(slack_seen)}; "
-          f"notifications delivered={sum(notes_seen.values())} for {len(notes_seen)}; "
+          f"notifications delivered={sum(notes_seen.values())} for {len(notes_seen)} "
+          f"(slow receiver {sum(slow_seen.values())} for {len(slow_seen)}); "
           f"lost by receiver webhook={lost['webhook']} slack={lost['slack']} "
           f"notes={lost['notes']}")
     print(f"slack events: answered 200={len(events.accepted)} "
@@ -376,7 +384,7 @@ def worker_kill(platform, inputs: dict) -> int:
     busy = [w for w in (platform.worker_of(int(o.rsplit(":", 1)[1])) for o in owners) if w]
     victim = random.choice(busy or platform.workers)
     victim.kill(signal.SIGKILL)
-    print(f"kill -9 worker {victim.name} ({'mid-step' if busy else 'idle'})")
+    print(f"kill -9 worker {victim.name} ({'mid-step' if busy else 'holding no run'})")
     platform.replace(victim)
     return 1
 
@@ -398,7 +406,7 @@ def settled(inputs: dict) -> bool:
         moving = Run.objects.filter(id__in=list(inputs), status__in=["queued", "running"])
         waiting_for_event = Run.objects.filter(id__in=list(inputs), status="waiting") \
             .exclude(approvals__status="pending")
-        outbox_due = OutboxMessage.objects.filter(status="pending")
+        outbox_due = OutboxMessage.objects.filter(status__in=["pending", "sending"])
         return not moving.exists() and not waiting_for_event.exists() and not outbox_due.exists()
 
     return db_retry(read, what="settled")
