@@ -11,6 +11,7 @@ BENCHMARKS = {
     "retention": "bench.retention",
     "sandbox": "bench.sandbox",
     "resume": "bench.resume",
+    "chaos": "bench.chaos",
 }
 
 
