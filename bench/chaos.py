@@ -251,6 +251,7 @@ def main(argv: list[str]) -> int:
     secret = os.urandom(16).hex()
     platform = BenchPlatform(env=env, workers=args.workers, concurrency=args.concurrency)
     platform.env["CELERY_QUEUE"] = os.environ.get("BENCH_QUEUE", f"agentplatform-bench-chaos{slot}")
+    platform.env["CELERY_OUTBOX_QUEUE"] = platform.env["CELERY_QUEUE"] + "-outbox"
     broker = redis.Redis.from_url(platform.env["CELERY_BROKER_URL"])
     kills = flushes = pg_restarts = 0
     with platform:
