@@ -1,5 +1,7 @@
 """One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}."""
 
+import uuid
+
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -29,7 +31,16 @@ SERVICE_ERROR_STATUS = {
     "run_not_migratable": status.HTTP_409_CONFLICT,
     "step_missing": status.HTTP_409_CONFLICT,
     "outbox_not_unknown": status.HTTP_409_CONFLICT,
+    "checkpoint_compacted": status.HTTP_409_CONFLICT,
 }
+
+
+def uuid_filter(value: str, name: str) -> uuid.UUID:
+    """A query parameter that must be an id: 400 invalid_filter, never a 500."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ApiError("invalid_filter", f"{name} must be a UUID, not {value[:64]!r}") from None
 
 
 def service_error(exc) -> ApiError:

@@ -1,11 +1,13 @@
 """REST API for the approvals inbox and for events (`/api/v1/`), tenant by API key."""
 
+import json
+
 from rest_framework import generics, serializers, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError, service_error
+from agentplatform.api_errors import ApiError, service_error, uuid_filter
 
 from . import services
 from .models import Approval
@@ -19,12 +21,20 @@ class ApprovalSerializer(serializers.ModelSerializer):
                   "created_at"]
 
 
+RESULT_MAX_BYTES = 64 * 1024  # a connector's answer (ids, timestamps), not a document
+
+
 class DecisionSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
     artifact = serializers.JSONField(required=False)  # approve with an edited artifact
     # "outcome unknown" approved as delivered: the result the step reads (else a confirmation)
-    result = serializers.JSONField(required=False)
+    result = serializers.DictField(required=False)
+
+    def validate_result(self, value):
+        if len(json.dumps(value, default=str)) > RESULT_MAX_BYTES:
+            raise serializers.ValidationError(f"at most {RESULT_MAX_BYTES} bytes of JSON")
+        return value
 
 
 class EventSerializer(serializers.Serializer):
@@ -52,7 +62,7 @@ class ApprovalList(generics.ListAPIView):
                 raise ApiError("invalid_filter", f"unknown status {wanted!r}")
             approvals = approvals.filter(status=wanted)
         if run := self.request.query_params.get("run"):
-            approvals = approvals.filter(run_id=run)
+            approvals = approvals.filter(run_id=uuid_filter(run, "run"))
         return approvals
 
 

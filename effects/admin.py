@@ -49,6 +49,10 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         return False
 
     def _settle(self, request, queryset, *, delivered: bool):
+        if request.POST.get("tenant") != request.admin_tenant.schema_name:
+            messages.error(request, "The tenant changed since this page was shown (another "
+                           "tab?): nothing was settled. Check the list and try again.")
+            return
         done = 0
         for message in queryset:
             try:

@@ -6,7 +6,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError, service_error
+from agentplatform.api_errors import ApiError, service_error, uuid_filter
 from runs.api import run_or_404
 
 from . import services
@@ -24,7 +24,7 @@ class OutboxSerializer(serializers.ModelSerializer):
     class Meta:
         model = OutboxMessage
         fields = ["id", "run", "name", "connector", "status", "attempts", "last_error",
-                  "next_attempt_at", "claimed_by", "claimed_until", "maybe_sent", "settled_by",
+                  "next_attempt_at", "claimed_until", "maybe_sent", "settled_by",
                   "idempotency_key", "created_at", "delivered_at"]
 
 
@@ -62,7 +62,7 @@ class OutboxList(generics.ListAPIView):
                 raise ApiError("invalid_filter", f"unknown status {wanted!r}")
             messages = messages.filter(status=wanted)
         if run := self.request.query_params.get("run"):
-            messages = messages.filter(run_id=run)
+            messages = messages.filter(run_id=uuid_filter(run, "run"))
         return messages
 
 

@@ -264,14 +264,15 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
     """A person said what happened to an effect of unknown outcome; if it was delivered they
     may give the result the step reads (e.g. the receiver's message id), else it is their
     confirmation."""
-    effect = Effect.objects.get(run_id=run_id, scope=request["scope"], name=request["effect"])
+    # Only while still unknown: a late answer from the first attempt may have recorded the
+    # truth meanwhile, and neither a resend nor a person's result may overwrite it.
+    unknown = Effect.objects.filter(run_id=run_id, scope=request["scope"],
+                                    name=request["effect"], status=Effect.Status.UNKNOWN)
     if delivered:
-        Effect.objects.filter(id=effect.id).update(
-            status=Effect.Status.DONE, done_at=timezone.now(),
-            result={"confirmed_by": by} if result is None else result)
+        unknown.update(status=Effect.Status.DONE, done_at=timezone.now(),
+                       result={"confirmed_by": by} if result is None else result)
     else:  # not delivered: send again
-        Effect.objects.filter(id=effect.id).update(status=Effect.Status.PENDING, attempts=0,
-                                                   error="", maybe_sent=False)
+        unknown.update(status=Effect.Status.PENDING, attempts=0, error="", maybe_sent=False)
 
 
 def _credentials(connector: str) -> dict:
@@ -341,14 +342,14 @@ def _outbox_claim(*, owner: str) -> tuple[OutboxMessage | None, bool]:
         cursor.execute(
             f"""
             WITH due AS (
-                SELECT id, maybe_sent OR status = 'sending' AS maybe_sent FROM {table}
+                SELECT id, maybe_sent FROM {table}
                  WHERE (status = 'pending' AND next_attempt_at <= now())
                     OR (status = 'sending' AND claimed_until < now())
                  ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED
             )
             UPDATE {table} m
                SET status = 'sending', claimed_by = %s, attempts = m.attempts + 1,
-                   claimed_until = now() + make_interval(secs => %s), maybe_sent = true
+                   claimed_until = now() + make_interval(secs => %s)
               FROM due WHERE m.id = due.id
             RETURNING m.id, due.maybe_sent
             """, [owner, settings.OUTBOX_CLAIM_SECONDS])
@@ -359,10 +360,17 @@ def _outbox_claim(*, owner: str) -> tuple[OutboxMessage | None, bool]:
 
 
 def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
-    receiver = connector_get(message.connector)
-    call = Call(tenant=connection.schema_name, run_id=message.run_id, effect=message.name,
-                idempotency_key=message.idempotency_key, args=message.args,
-                credentials=_credentials(message.connector))
+    try:
+        receiver = connector_get(message.connector)
+        call = Call(tenant=connection.schema_name, run_id=message.run_id, effect=message.name,
+                    idempotency_key=message.idempotency_key, args=message.args,
+                    credentials=_credentials(message.connector))
+    except Exception as exc:  # noqa: BLE001  (nothing left the process: try again later)
+        log.warning("outbox %s attempt %s not started: %s", message.id, message.attempts, exc)
+        gave_up = message.attempts >= settings.OUTBOX_MAX_ATTEMPTS
+        return _outbox_record(message, OutboxMessage.Status.FAILED if gave_up else
+                              OutboxMessage.Status.PENDING, error=f"{type(exc).__name__}: {exc}",
+                              sent=maybe_sent)
     if maybe_sent and not (receiver.honours_idempotency_key or receiver.safe_to_repeat):
         # An earlier attempt may have reached a receiver that ignores our key: ask, never resend.
         try:
@@ -380,6 +388,8 @@ def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
     if message.attempts > settings.OUTBOX_MAX_ATTEMPTS:  # its deliverers kept dying on it
         return _outbox_record(message, OutboxMessage.Status.FAILED,
                               error=f"gave up after {message.attempts - 1} attempts")
+    if not _outbox_sending(message):
+        return "lost_claim"
     try:
         result = receiver.execute(call)
     except Exception as exc:  # noqa: BLE001  (any failure: try again later, or give up)
@@ -397,6 +407,14 @@ def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
                                   event="outbox_unknown" if status == "unknown" else None)
         return _outbox_record(message, OutboxMessage.Status.PENDING, error=error, sent=sent)
     return _outbox_record(message, OutboxMessage.Status.DELIVERED, result=result)
+
+
+def _outbox_sending(message: OutboxMessage) -> bool:
+    """Mark the claim "maybe sent" just before the call, while the claim is still ours: an
+    expired claim that never got here (its deliverer died before calling) is resent freely."""
+    return bool(OutboxMessage.objects.filter(
+        id=message.id, status=OutboxMessage.Status.SENDING, claimed_by=message.claimed_by,
+        attempts=message.attempts).update(maybe_sent=True))
 
 
 def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, error: str = "",
@@ -441,12 +459,12 @@ def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage
         if delivered:
             message.status, message.delivered_at = OutboxMessage.Status.DELIVERED, timezone.now()
             message.result = {"confirmed_by": by}
-        else:
+        else:  # a fresh start: every attempt of its budget, none of them "maybe sent"
             message.status, message.next_attempt_at = OutboxMessage.Status.PENDING, timezone.now()
-            message.maybe_sent = False
+            message.maybe_sent, message.attempts = False, 0
         message.settled_by = by
         message.save(update_fields=["status", "delivered_at", "result", "next_attempt_at",
-                                    "maybe_sent", "settled_by"])
+                                    "maybe_sent", "attempts", "settled_by"])
         from runs.engine import event_record
 
         event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,

@@ -793,6 +793,21 @@ def run_park_refused(*, run: Run, epoch: int, reason: str,
     return Outcome.PARKED
 
 
+def run_end_cancelled(*, run: Run, epoch: int) -> Outcome:
+    """End a claimed run whose cancel was asked for before its steps ran again."""
+    with transaction.atomic():
+        run_fence(run=run, epoch=epoch, status=Run.Status.CANCELLED, lease_owner="",
+                  lease_expires_at=None, finished_at=timezone.now())
+        event_record(run_id=run.id, kind="run_cancelled", steps_taken=run.steps_taken)
+        ready_clear(run_id=run.id)
+        if run.parent_id:
+            from runs.services import child_report
+
+            child_report(run_id=run.id, status=Run.Status.CANCELLED, result=None,
+                         error="cancelled")
+    return Outcome.ENDED
+
+
 def _poison_reason(*, claims: int, step: str | None, where: str) -> str:
     return (f"poison step: {where} was claimed {claims} times without reaching a checkpoint "
             f"(step {step!r} stops its worker: a crash, OOM or kill); fix the agent, then "
@@ -807,6 +822,8 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     if epoch is None:
         return Outcome.NOT_CLAIMED
     run = Run.objects.get(id=run_id)
+    if run.cancel_requested:  # cancel wins over parking it for a person or handing it back
+        return run_end_cancelled(run=run, epoch=epoch)
     if run.claims_without_checkpoint > settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT:
         step = run.checkpoints.order_by("-visit").values_list("step", flat=True).first()
         return run_park_refused(run=run, epoch=epoch, kind="poison_step", reason=_poison_reason(

@@ -118,6 +118,12 @@ def run_cancel(*, run_id: UUID) -> Run:
             raise RunError("not_found", "no such run")
         if run.is_finished:
             raise RunError("run_finished", f"run is already {run.status}")
+        # Read again under the root's lock: a child its worker started while we waited (the
+        # parking transaction held the root) is committed now. A deadlock this may cause
+        # with that child's end is retried, reading the tree anew.
+        tree = _unfinished_descendants(run_id)
+        for descendant_id in reversed(tree):
+            Run.objects.select_for_update().filter(id=descendant_id).first()
         _cancel_locked(run)
         for descendant in Run.objects.filter(id__in=tree).exclude(status__in=Run.FINISHED):
             _cancel_locked(descendant)
@@ -190,7 +196,10 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
         raise RunError("checkpoint_ended", "this checkpoint is the run's end; there is nothing to run")
     woken_from = (checkpoint.waiting or {}).get("woken_from")
     if woken_from is not None:  # its state holds the decision or event: wait for a new one
-        checkpoint = Checkpoint.objects.get(run_id=run_id, visit=woken_from)
+        checkpoint = Checkpoint.objects.filter(run_id=run_id, visit=woken_from).first()
+        if checkpoint is None:  # shallow history kept only the woken checkpoint
+            raise RunError("checkpoint_compacted", f"the checkpoint this one woke from "
+                           f"({woken_from}) was compacted away; fork from another checkpoint")
     waiting = {k: v for k, v in (checkpoint.waiting or {}).items() if k != "woken_from"}
     branches = list(Branch.objects.filter(run_id=run_id, visit=checkpoint.visit).order_by("index"))
     reopens = waiting.get("kind") in ("approval", "event", "timer", "child_run") or bool(branches)

@@ -208,10 +208,83 @@ def test_operator_sees_unknown_messages_in_the_console_and_settles_them(acme, gl
     assert "welcome-mail" not in client.get("/admin/effects/outboxmessage/").content.decode()
 
     client.get("/admin/effects/outboxmessage/tenant/acme/")
+    # a form shown for globex (another tab) settles nothing in acme, though the ids match
+    client.post("/admin/effects/outboxmessage/", {
+        "action": "settle_delivered", "_selected_action": [str(message.id)], "tenant": "globex"})
+    with tenant_context(acme):
+        assert OutboxMessage.objects.get(id=message.id).status == "unknown"
     response = client.post("/admin/effects/outboxmessage/", {
-        "action": "settle_delivered", "_selected_action": [str(message.id)]})
+        "action": "settle_delivered", "_selected_action": [str(message.id)], "tenant": "acme"})
     assert response.status_code == 302
     with tenant_context(acme):
         settled = OutboxMessage.objects.get(id=message.id)
         assert (settled.status, settled.settled_by) == ("delivered", "admin:founder")
         assert RunEvent.objects.get(run=run, kind="outbox_settled").data["delivered"] is True
+
+
+def test_message_sent_again_by_a_person_gets_a_full_budget_of_attempts(
+        in_acme, acme_api, plain_receiver, worker):
+    from django.conf import settings
+    from django.utils import timezone
+
+    run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
+    message = OutboxMessage.objects.create(  # it went unknown on its last allowed attempt
+        run=run, name="last-try", connector="test_plain", status="unknown", maybe_sent=True,
+        args={"url": f"{plain_receiver.base}/notify", "n": 1},
+        idempotency_key=f"budget-{run.id.hex[:20]}", next_attempt_at=timezone.now(),
+        attempts=settings.OUTBOX_MAX_ATTEMPTS, last_error="timed out mid-send")
+    assert acme_api.post(f"/api/v1/outbox/{message.id}/settle", {"delivered": False},
+                         format="json").status_code == 200
+    wait_for(lambda: OutboxMessage.objects.get(id=message.id).status in ("delivered", "failed"),
+             timeout=60, what="the message to be sent again")
+    assert OutboxMessage.objects.get(id=message.id).status == "delivered"
+    assert plain_receiver.count("/notify") == 1
+
+
+def test_claim_that_expired_before_anything_was_sent_is_sent_without_a_person(
+        in_acme, plain_receiver, worker):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
+    message = OutboxMessage.objects.create(  # its deliverer died before calling anyone
+        run=run, name="never-sent", connector="test_plain", status="sending",
+        args={"url": f"{plain_receiver.base}/notify", "n": 1}, claimed_by="gone:1",
+        claimed_until=timezone.now() - timedelta(seconds=1), attempts=1,
+        idempotency_key=f"unsent-{run.id.hex[:20]}", next_attempt_at=timezone.now())
+    wait_for(lambda: OutboxMessage.objects.get(id=message.id).status in ("delivered", "unknown"),
+             timeout=60, what="the expired claim to be taken")
+    assert OutboxMessage.objects.get(id=message.id).status == "delivered"
+    assert plain_receiver.count("/notify") == 1
+
+
+def test_a_late_answer_recorded_first_is_kept_whatever_the_person_says(
+        in_acme, acme_api, plain_receiver, worker):
+    plain_receiver.charge_errors = [500]  # it may have charged: a person is asked
+    run = run_start(agent="payer", enqueue=False, input={
+        "url": f"{plain_receiver.base}/charge", "amount": 5, "connector": "test_plain"}).run
+    assert finished(run.id).status == "waiting"
+    approval = Approval.objects.get(run=run, kind="effect_outcome", status="pending")
+    late = {"id": "ch_late", "amount": 5}  # the first attempt's answer arrived meanwhile
+    Effect.objects.filter(run=run).update(status="done", result=late)
+    assert acme_api.post(f"/api/v1/approvals/{approval.id}/decide", {"decision": "reject"},
+                         format="json").status_code == 200
+    done = wait_for(lambda: (r := Run.objects.get(id=run.id)).status == "succeeded" and r,
+                    timeout=60, what="the run to continue")
+    assert done.result == late
+    assert plain_receiver.count("/charge") == 1  # "send again" did not overwrite the truth
+
+
+def test_bad_filters_and_results_are_400s_in_the_api_error_shape(in_acme, acme_api):
+    for path in ("/api/v1/outbox?run=nope", "/api/v1/approvals?run=nope"):
+        answer = acme_api.get(path)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_filter"
+    run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
+    approval = Approval.objects.create(run=run, visit=0, kind="effect_outcome", then="",
+                                       request={"scope": "0", "effect": "x"})
+    for result in (["not", "an", "object"], {"blob": "x" * 70_000}):
+        answer = acme_api.post(f"/api/v1/approvals/{approval.id}/decide",
+                               {"decision": "approve", "result": result}, format="json")
+        assert answer.status_code == 400, answer.content
+    assert Approval.objects.get(id=approval.id).status == "pending"

@@ -82,3 +82,64 @@ def test_a_late_branch_report_does_not_wake_a_run_parked_on_something_else(in_ac
     assert run.status == "waiting" and run.waiting_reason == "approval: Use these results?"
     assert Approval.objects.get(id=approval.id).status == "pending"
     assert "fan_in" not in kinds(run.id)
+
+
+def test_cancel_asked_before_a_run_is_claimed_again_wins_over_parking_it(in_acme):
+    """Its worker died with the cancel asked; the next claim ends it, instead of parking it as
+    a poison step (or handing it back) and dropping the person's cancel."""
+    run = run_start(agent="slowpoke", input={"seconds": 0}, enqueue=False).run
+    Run.objects.filter(id=run.id).update(status="running", cancel_requested=True,
+                                         claims_without_checkpoint=99)  # lease long gone
+    assert engine.advance(run_id=run.id) == engine.Outcome.ENDED
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.finished_at and run.lease_owner == ""
+    assert "poison_step" not in kinds(run.id) and kinds(run.id)[-1] == "run_cancelled"
+
+
+def test_cancel_reaches_a_child_started_while_it_waited_for_the_parent(acme):
+    """The parent's worker holds the parent's row while it starts a child (parking on it); a
+    cancel that waited for that row still cancels the child committed meanwhile."""
+    import threading
+
+    from django.db import connection, connections
+    from django_tenants.utils import tenant_context
+
+    from runs.services import run_cancel
+
+    with tenant_context(acme):
+        parent = run_start(agent="slowpoke", input={}, enqueue=False).run
+    child_started, cancel_done, outcome = threading.Event(), threading.Event(), {}
+
+    def parking_worker():
+        with tenant_context(acme), transaction.atomic():
+            Run.objects.select_for_update().get(id=parent.id)
+            outcome["child"] = run_start(agent="slowpoke", input={}, parent_id=parent.id,
+                                         enqueue=False).run.id
+            child_started.set()
+            wait_for(lambda: blocked_on_lock(), timeout=20, what="the cancel to wait")
+        connections.close_all()
+
+    def blocked_on_lock():
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                           "'Lock' AND datname = current_database()")
+            return cursor.fetchone()[0] > 0
+
+    def cancelling():
+        with tenant_context(acme):
+            run_cancel(run_id=parent.id)
+        cancel_done.set()
+        connections.close_all()
+
+    worker = threading.Thread(target=parking_worker)
+    worker.start()
+    assert child_started.wait(20)
+    canceller = threading.Thread(target=cancelling)
+    canceller.start()
+    worker.join(30)
+    canceller.join(30)
+    assert cancel_done.is_set()
+    connection.set_schema_to_public()
+    with tenant_context(acme):
+        assert Run.objects.get(id=parent.id).status == "cancelled"
+        assert Run.objects.get(id=outcome["child"]).status == "cancelled"
