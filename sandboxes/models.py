@@ -36,10 +36,12 @@ class SandboxExecution(models.Model):
 
 
 class WorkspaceSnapshot(models.Model):
-    """The run's workspace as the step at `visit` left it: tar.gz, AES-256-GCM, in S3."""
+    """The run's workspace as the step at `visit` left it: tar.gz, AES-256-GCM, in S3. A fan-out
+    branch's own workspace is snapshotted under its `scope` ("7/b3"); the run's has scope ""."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="workspace_snapshots")
     visit = models.PositiveIntegerField()
+    scope = models.CharField(max_length=40, blank=True, default="")
     object_key = models.CharField(max_length=400)
     key_version = models.PositiveIntegerField()
     size_bytes = models.BigIntegerField()
@@ -49,7 +51,8 @@ class WorkspaceSnapshot(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "visit"], name="workspace_snapshot_run_visit_unique")
+            models.UniqueConstraint(fields=["run", "visit", "scope"],
+                                    name="workspace_snapshot_run_visit_scope_unique")
         ]
 
 

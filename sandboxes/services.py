@@ -7,6 +7,11 @@ the local copy was restored from or saved as, and whether a process has changed 
 Before a step's first sandbox command, a local copy that is not exactly that snapshot (another
 worker moved the run on, or a killed worker left half a step in it) is replaced by a restore.
 
+A fan-out branch works in a workspace of its own (<run id>.<visit>-b<index>/ beside the run's),
+started from the run's newest snapshot before the fan-out and snapshotted under its own scope:
+parallel branches never see each other's files, and the run's workspace (what the join step
+sees) is untouched by them; a branch's results travel through `finish(value)`.
+
 A recorded command is replayed (not run again) when its workspace changes are known to be in
 the local copy: it is `durable` (its step's snapshot was taken), or this process ran it.
 """
@@ -54,16 +59,20 @@ def process_token() -> str:
     return _process_token[1]
 
 
-def run_dir(*, schema: str, run_id: UUID) -> Path:
-    return Path(settings.SANDBOX_WORKSPACE_ROOT) / schema / str(run_id)
+def run_dir(*, schema: str, run_id: UUID, scope: str = "") -> Path:
+    """The run's local workspace directory; or, for a fan-out branch's `scope`, the branch's."""
+    name = f"{run_id}.{scope.replace('/', '-')}" if scope else str(run_id)
+    return Path(settings.SANDBOX_WORKSPACE_ROOT) / schema / name
 
 
-def snapshot_object_key(*, schema: str, run_id: UUID, visit: int) -> str:
-    return f"tenants/{schema}/workspaces/{run_id}/{visit}.tar.gz.enc"
+def snapshot_object_key(*, schema: str, run_id: UUID, visit: int, scope: str = "") -> str:
+    name = scope.replace("/", "-") if scope else str(visit)
+    return f"tenants/{schema}/workspaces/{run_id}/{name}.tar.gz.enc"
 
 
-def _associated_data(schema: str, run_id: UUID, visit: int) -> bytes:
-    return f"agentplatform workspace|{schema}|{run_id}|{visit}".encode()
+def _associated_data(schema: str, run_id: UUID, visit: int, scope: str) -> bytes:
+    branch = f"|{scope}" if scope else ""  # a branch's snapshot never opens as the run's
+    return f"agentplatform workspace|{schema}|{run_id}|{visit}{branch}".encode()
 
 
 def _tenant(schema: str):
@@ -75,10 +84,10 @@ def _tenant(schema: str):
 # -- local copy --------------------------------------------------------------------------------
 
 class LocalWorkspace:
-    """The run's workspace directory on this worker and its meta.json."""
+    """The run's (or one fan-out branch's) workspace directory on this worker and its meta.json."""
 
-    def __init__(self, *, schema: str, run_id: UUID):
-        self.dir = run_dir(schema=schema, run_id=run_id)
+    def __init__(self, *, schema: str, run_id: UUID, scope: str = ""):
+        self.dir = run_dir(schema=schema, run_id=run_id, scope=scope)
         self.path = self.dir / "workspace"
         self.meta_path = self.dir / "meta.json"
 
@@ -135,32 +144,37 @@ def workspace_unpack(data: bytes, path: Path) -> None:
         tar.extractall(path, filter=_skip_unsafe)
 
 
-def snapshot_seal(data: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int) -> bytes:
+def snapshot_seal(data: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int,
+                  scope: str = "") -> bytes:
     nonce = os.urandom(12)
     return SNAPSHOT_MAGIC + nonce + AESGCM(key).encrypt(
-        nonce, data, _associated_data(schema, run_id, visit))
+        nonce, data, _associated_data(schema, run_id, visit, scope))
 
 
-def snapshot_open(blob: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int) -> bytes:
+def snapshot_open(blob: bytes, *, key: bytes, schema: str, run_id: UUID, visit: int,
+                  scope: str = "") -> bytes:
     if not blob.startswith(SNAPSHOT_MAGIC):
         raise SandboxError("workspace snapshot has an unknown format")
     body = blob[len(SNAPSHOT_MAGIC):]
-    return AESGCM(key).decrypt(body[:12], body[12:], _associated_data(schema, run_id, visit))
+    return AESGCM(key).decrypt(body[:12], body[12:],
+                               _associated_data(schema, run_id, visit, scope))
 
 
-def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path) -> WorkspaceSnapshot:
-    """Compress, encrypt (tenant data key; tenant, run and visit as associated data) and upload
-    the workspace; record it. Re-taking the snapshot of a visit replaces it."""
+def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
+                       scope: str = "") -> WorkspaceSnapshot:
+    """Compress, encrypt (tenant data key; tenant, run, visit and a branch's scope as associated
+    data) and upload the workspace; record it. Re-taking the snapshot of a visit (of the run, or
+    of one branch: `scope`) replaces it."""
     from tenants.services import data_key_get
 
     data, count = workspace_pack(path)
     version, key = data_key_get(tenant=_tenant(schema))
-    blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit)
-    object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit)
+    blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit, scope=scope)
+    object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit, scope=scope)
     s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
                            Metadata={"key-version": str(version)})
     snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
-        run_id=run_id, visit=visit,
+        run_id=run_id, visit=visit, scope=scope,
         defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
                   "file_count": count, "sha256": hashlib.sha256(blob).hexdigest()},
     )
@@ -175,7 +189,8 @@ def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -
     if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
         raise SandboxError(f"workspace snapshot {snapshot.object_key} does not match its record")
     _, key = data_key_get(tenant=_tenant(schema), version=snapshot.key_version)
-    data = snapshot_open(blob, key=key, schema=schema, run_id=snapshot.run_id, visit=snapshot.visit)
+    data = snapshot_open(blob, key=key, schema=schema, run_id=snapshot.run_id, visit=snapshot.visit,
+                         scope=snapshot.scope)
     workspace_unpack(data, path)
     uid = host_uid()
     if uid is not None:
@@ -226,16 +241,18 @@ class SandboxSession:
                  schema: str | None = None):
         self.run_id, self.visit = run_id, visit
         self.scope = scope or str(visit)  # like effects: "7", or "7/b3" in a branch
+        # A fan-out branch has a workspace (local copy and snapshots) of its own.
+        self.branch_scope = "" if self.scope == str(visit) else self.scope
         self.schema = schema or connection.schema_name
-        self.local = LocalWorkspace(schema=self.schema, run_id=run_id)
+        self.local = LocalWorkspace(schema=self.schema, run_id=run_id, scope=self.branch_scope)
         self._calls = 0
         self._ready = False
 
     def run(self, command: str | list[str], *, files: dict[str, str | bytes] | None = None,
             timeout: float | None = None, name: str | None = None) -> SandboxResult:
-        """Run `command` (a shell string, or argv) jailed in the run's workspace, after writing
-        `files` (relative path -> content) into it. Recorded as (run, scope, name); `name`
-        defaults to the call's order in the step (`sandbox-1`, `sandbox-2`, …)."""
+        """Run `command` (a shell string, or argv) jailed in the run's (or its branch's)
+        workspace, after writing `files` (relative path -> content) into it. Recorded as
+        (run, scope, name); `name` defaults to the call's order in the step (`sandbox-1`, …)."""
         self._calls += 1
         name = name or f"sandbox-{self._calls}"
         recorded = _recorded_command(command, files)
@@ -295,17 +312,23 @@ class SandboxSession:
         meta = self.local.meta()
         if meta is not None and meta["dirty_by"] is not None:
             snapshot = workspace_snapshot(schema=self.schema, run_id=self.run_id, visit=self.visit,
-                                          path=self.local.path)
+                                          path=self.local.path, scope=self.branch_scope)
             self.local.meta_write(snapshot=snapshot.sha256, dirty_by=None, applied=[])
         SandboxExecution.objects.filter(run_id=self.run_id, scope=self.scope,
                                         durable=False).update(durable=True)
         return snapshot
 
     def _ensure_workspace(self) -> None:
-        """Make the local copy exactly the newest snapshot, unless this process is working in it."""
+        """Make the local copy exactly the newest snapshot, unless this process is working in it.
+        A branch's newest is its own, else the run's as the steps before its fan-out left it."""
         if self._ready:
             return
-        latest = WorkspaceSnapshot.objects.filter(run_id=self.run_id).order_by("-visit").first()
+        snapshots = WorkspaceSnapshot.objects.filter(run_id=self.run_id).order_by("-visit")
+        if self.branch_scope:
+            latest = (snapshots.filter(scope=self.branch_scope).first()
+                      or snapshots.filter(scope="", visit__lt=self.visit).first())
+        else:
+            latest = snapshots.filter(scope="").first()
         expected = latest.sha256 if latest else None
         meta = self.local.meta()
         current = (meta is not None and self.local.path.is_dir()

@@ -1,9 +1,11 @@
 """Agents for the sandbox tests: each step runs a list of commands in the run's jail."""
 
 import os
+import time
+from pathlib import Path
 
 from runs.agents import Agent, RetryPolicy
-from runs.transitions import finish, goto
+from runs.transitions import fail, fan_out, finish, goto
 
 # input: {"steps": [[command, ...], ...]}; a command is a shell string or
 # {"command": ..., "files": {...}, "timeout": s, "name": ..., "block_while": host path}
@@ -40,3 +42,35 @@ def work(ctx, state):
 @sandboxed.step(next=[])
 def done(ctx, state):
     return finish({"results": list(state.log("results"))})
+
+
+# input: {"items": [name, ...], "barrier": host dir}. Before the fan-out the run's workspace
+# holds base.txt; each branch writes <item>.txt, waits on the host until every branch has
+# written its own (so they run side by side), then lists and reads its workspace.
+sandbox_branches = Agent("sandbox_branches", version=1)
+
+
+@sandbox_branches.step(start=True, next=["branch_work", "joined"])
+def scatter(ctx, state):
+    ctx.sandbox.run("echo base > base.txt")
+    return fan_out("branch_work", state["items"], then="joined")
+
+
+@sandbox_branches.step(next=[])
+def branch_work(ctx, state):
+    ctx.sandbox.run(f"echo {ctx.item} > {ctx.item}.txt")
+    barrier = Path(state["barrier"])
+    (barrier / ctx.item).touch()
+    deadline = time.monotonic() + 60
+    while len(list(barrier.iterdir())) < len(state["items"]):
+        if time.monotonic() > deadline:
+            return fail("the other branches never ran alongside this one")
+        time.sleep(0.05)
+    listing = ctx.sandbox.run("ls", name="ls").stdout.split()
+    return finish({"ls": listing, "mine": ctx.sandbox.read(f"{ctx.item}.txt").decode().strip()})
+
+
+@sandbox_branches.step(next=[])
+def joined(ctx, state):
+    branches = [r.value if r.ok else f"failed: {r.error}" for r in ctx.fan_out]
+    return finish({"branches": branches, "join": ctx.sandbox.run("ls", name="ls").stdout.split()})
