@@ -51,7 +51,9 @@ def test_fan_out_branches_keep_their_own_sandbox_calls(in_acme, s3):
 
 
 def test_parallel_branches_work_in_workspaces_of_their_own_and_leave_the_runs_alone(
-        in_acme, worker):
+        in_acme, worker, start_worker):
+    start_worker("branches", concurrency=2)  # free slots for both branches at once, however
+    # busy the session's worker is: each branch waits until the other has written
     barrier = Path(settings.SANDBOX_WORKSPACE_ROOT) / f"barrier-{uuid.uuid4().hex}"
     barrier.mkdir(parents=True)
     run = run_start(agent="sandbox_branches",
