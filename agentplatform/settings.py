@@ -246,6 +246,9 @@ GOOGLE_OIDC_CACHE_SECONDS = env.int("GOOGLE_OIDC_CACHE_SECONDS", default=3600)
 WEBHOOK_INBOX_SWEEP_AFTER_SECONDS = env.float("WEBHOOK_INBOX_SWEEP_AFTER_SECONDS", default=10.0)
 WEBHOOK_INBOX_BACKOFF_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_SECONDS", default=2.0)
 WEBHOOK_INBOX_BACKOFF_MAX_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_MAX_SECONDS", default=300.0)
+# After this many failed deliveries an item is `failed` (its error as outcome) and no longer
+# retried; the retention job deletes it like a delivered one.
+WEBHOOK_INBOX_MAX_ATTEMPTS = env.int("WEBHOOK_INBOX_MAX_ATTEMPTS", default=20)
 # An event nobody waits for is kept this long for a wait that begins before it arrives
 # (docs/api.md#events); after that it never wakes a run.
 EVENT_BUFFER_SECONDS = env.float("EVENT_BUFFER_SECONDS", default=24 * 3600.0)

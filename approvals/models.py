@@ -4,7 +4,7 @@ event. A parked run is these rows and nothing else: no worker, thread or socket 
 import uuid
 
 from django.db import models
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from runs.models import Run
 
@@ -79,8 +79,9 @@ class InboundEvent(models.Model):
     key = models.CharField(max_length=255)
     source_id = models.CharField(max_length=255, null=True, blank=True, unique=True)
     payload = models.JSONField(default=dict)
-    # When the platform accepted it (a webhook's inbox row), not when a worker stored it.
-    received_at = models.DateTimeField(default=timezone.now)
+    # When the platform accepted it (a webhook's inbox row), not when a worker stored it; by
+    # the database's clock, like the checkpoint times a gate's `since` comes from.
+    received_at = models.DateTimeField(db_default=Now())
     consumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

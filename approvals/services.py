@@ -79,9 +79,12 @@ class ApprovalError(RunError):
 
 @retried_on_conflict
 def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str = "",
-                    artifact: Any = None, result: Any = None) -> Approval:
+                    artifact: Any = None, result: Any = None,
+                    at: datetime | None = None) -> Approval:
     """Close the approval and re-queue its run in one transaction; refuse anything stale.
-    `result`: for an "outcome unknown" approval answered "delivered", what the step reads."""
+    `result`: for an "outcome unknown" approval answered "delivered", what the step reads.
+    `at`: when the platform accepted the decision (a webhook's inbox item), if not now; the
+    approval's expiry is checked against it."""
     with transaction.atomic():
         run_id = Approval.objects.filter(id=approval_id).values_list("run_id", flat=True).first()
         if run_id is None:
@@ -90,7 +93,7 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
         approval = Approval.objects.select_for_update().get(id=approval_id)
         if approval.status != Approval.Status.PENDING:
             raise ApprovalError("approval_closed", f"This approval is already {approval.status}.")
-        if approval.expires_at and approval.expires_at <= timezone.now():
+        if approval.expires_at and approval.expires_at <= (at or timezone.now()):
             raise ApprovalError("approval_expired", "This approval has expired.")
         if approval.deciders and by not in approval.deciders:
             raise ApprovalError("not_a_decider", f"{by} may not decide this approval.")
@@ -145,8 +148,11 @@ def gate_open(*, run: Run, visit: int, kind: str, key: str, then: str, on_timeou
     Only events received since the wait began count: since the run reached the waiting step
     (its checkpoint before `visit`, so a step re-run after a crash or a person's answer still
     sees the reply to what it sent the first time), or since `since` if that is earlier. An
-    unmatched event older than EVENT_BUFFER_SECONDS never counts."""
-    now = timezone.now()
+    unmatched event older than EVENT_BUFFER_SECONDS never counts. Times are the database's
+    clock, like the checkpoints' and the events' (a worker's clock may be off)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        now = cursor.fetchone()[0]
     expires_at = now + timeout if timeout else None
     reached = (Checkpoint.objects.filter(run_id=run.id, visit__lt=visit).order_by("-visit")
                .values_list("created_at", flat=True).first())
@@ -177,15 +183,15 @@ class Delivery:
 def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None = None,
                   received_at: datetime | None = None) -> Delivery:
     """Record an event and wake every run whose open gate matches. Idempotent by source_id.
-    `received_at`: when the platform accepted it (a webhook's inbox item), if not now; a gate
-    whose wait began later does not take it."""
+    `received_at`: when the platform accepted it (a webhook's inbox item), if not now (the
+    database's clock); a gate whose wait began later does not take it."""
+    accepted = {"received_at": received_at} if received_at else {}
     with transaction.atomic():
         _correlation_lock(kind, key)
         try:
             with transaction.atomic():
                 event = InboundEvent.objects.create(kind=kind, key=key, payload=payload,
-                                                    source_id=source_id or None,
-                                                    received_at=received_at or timezone.now())
+                                                    source_id=source_id or None, **accepted)
         except IntegrityError:
             return Delivery(InboundEvent.objects.filter(source_id=source_id).first(),
                             duplicate=True)

@@ -6,7 +6,7 @@ in a worker."""
 import uuid
 
 from django.db import models
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from tenants.models import Tenant
 
@@ -89,6 +89,7 @@ class InboxItem(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"
         DELIVERED = "delivered"
+        FAILED = "failed"  # gave up after WEBHOOK_INBOX_MAX_ATTEMPTS; the error is its outcome
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=20, choices=Kind.choices)
@@ -96,24 +97,26 @@ class InboxItem(models.Model):
     source_id = models.CharField(max_length=255)
     payload = models.JSONField()  # the raw Slack event, the decision, the Gmail notification
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    outcome = models.CharField(max_length=64, blank=True, default="")  # e.g. approval_closed
+    # e.g. approval_closed; for a failed item, the last error
+    outcome = models.CharField(max_length=64, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(db_default=Now())
     last_error = models.TextField(blank=True, default="")
-    received_at = models.DateTimeField(default=timezone.now)
+    # The database's clock, like the checkpoint times event gates are compared with.
+    received_at = models.DateTimeField(db_default=Now())
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "source_id"],
                                     name="inbox_item_tenant_source_unique"),
-            models.CheckConstraint(condition=models.Q(status__in=["pending", "delivered"]),
+            models.CheckConstraint(condition=models.Q(status__in=["pending", "delivered", "failed"]),
                                    name="inbox_item_status_valid"),
             models.CheckConstraint(
                 condition=models.Q(kind__in=["slack_event", "slack_decision", "gmail_push"]),
                 name="inbox_item_kind_valid"),
             models.CheckConstraint(
-                condition=models.Q(status="pending") | models.Q(delivered_at__isnull=False),
+                condition=~models.Q(status="delivered") | models.Q(delivered_at__isnull=False),
                 name="inbox_item_delivered_has_time"),
         ]
         indexes = [

@@ -6,8 +6,8 @@ row (a public-schema row per delivery id) and an inbox item holding the raw even
 and only then answer 200. A doorbell task carrying the item's id is rung on commit; the beat
 sweep (`inbox_sweep`) delivers what a lost doorbell left pending. Delivery runs the tenant work
 (`approvals.services.event_deliver`, `approval_decide`) and marks the item delivered in one
-transaction; a delivery that raises leaves it pending, retried with backoff
-(docs/decisions/0007-webhook-inbox.md).
+transaction; a delivery that raises leaves it pending, retried with backoff, and after
+WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed (docs/decisions/0007-webhook-inbox.md).
 """
 
 import base64
@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
@@ -125,12 +126,24 @@ def slack_request_verify(*, connection: SlackConnection, timestamp: str | None,
         raise WebhookRejected("invalid_signature", "The request signature does not match.", 401)
 
 
+def _slack_object(value: Any, name: str) -> dict:
+    """A nested object of a Slack event, absent or null read as empty; anything else refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebhookRejected("malformed_body", f"event.{name} is not an object.", 400)
+    return value
+
+
 def slack_event_route(event: dict) -> tuple[str, str]:
     """(kind, key) of a Slack event for event gates: a correlation key the agent put in the
-    message metadata wins, then the thread, then the channel (then the user)."""
-    metadata = (event.get("metadata") or {}).get("event_payload") or {}
-    key = (metadata.get("correlation_key") or event.get("thread_ts") or event.get("channel")
-           or event.get("item", {}).get("channel") or event.get("user") or "")
+    message metadata wins, then the thread, then the channel (then the user). An event whose
+    nested objects are not objects is refused (WebhookRejected), so it is never stored."""
+    metadata = _slack_object(event.get("metadata"), "metadata")
+    payload = _slack_object(metadata.get("event_payload"), "metadata.event_payload")
+    item = _slack_object(event.get("item"), "item")
+    key = (payload.get("correlation_key") or event.get("thread_ts") or event.get("channel")
+           or item.get("channel") or event.get("user") or "")
     return f"slack.{event.get('type', 'unknown')}"[:64], str(key)[:255]
 
 
@@ -164,6 +177,9 @@ def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> 
     event_id, event = payload.get("event_id"), payload.get("event")
     if not isinstance(event_id, str) or not event_id or not isinstance(event, dict):
         raise WebhookRejected("malformed_body", "event_callback needs event_id and event.", 400)
+    if len(event_id) > SlackEventSeen._meta.get_field("event_id").max_length:
+        raise WebhookRejected("malformed_body", "event_id is too long.", 400)
+    slack_event_route(event)  # refused now, not retried forever by the inbox
     if payload.get("team_id") != connection.team_id:
         raise WebhookRejected("wrong_team", "The event is for another Slack team.", 403)
     with transaction.atomic():
@@ -194,13 +210,19 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
                               400) from None
     if not isinstance(payload, dict):
         raise WebhookRejected("malformed_body", "`payload` is not a JSON object.", 400)
-    if (payload.get("team") or {}).get("id") != connection.team_id:
+    team, user, actions = (payload.get("team") or {}, payload.get("user") or {},
+                           payload.get("actions") or [])
+    if not (isinstance(team, dict) and isinstance(user, dict) and isinstance(actions, list)
+            and all(isinstance(action, dict) for action in actions)):
+        raise WebhookRejected("malformed_body", "team, user and each action must be objects.",
+                              400)
+    if team.get("id") != connection.team_id:
         raise WebhookRejected("wrong_team", "The interaction is for another Slack team.", 403)
     if payload.get("type") != "block_actions":
         return 0
-    user = (payload.get("user") or {}).get("id", "")
+    user = user.get("id", "")
     stored = 0
-    for action in payload.get("actions") or []:
+    for action in actions:
         if action.get("action_id") not in ("approve", "reject"):
             continue
         try:
@@ -306,9 +328,9 @@ def _inbox_work(item: InboxItem) -> str:
                 received_at=item.received_at)
         case InboxItem.Kind.SLACK_DECISION:
             approve = payload["approve"]
-            try:
+            try:  # expired or not is decided at the click's acceptance, not at its delivery
                 approval_decide(approval_id=uuid.UUID(payload["approval_id"]), approve=approve,
-                                by=payload["by"])
+                                by=payload["by"], at=item.received_at)
             except ApprovalError as exc:  # stale or not ours: an answer, not a failure
                 log.warning("slack decision on approval %s in %s by %s refused: %s",
                             payload["approval_id"], item.tenant.schema_name, payload["by"],
@@ -322,39 +344,49 @@ def _inbox_work(item: InboxItem) -> str:
 
 def inbox_deliver(*, item_id: int) -> str | None:
     """Deliver one pending item: the tenant work and marking it delivered commit together, so
-    it is delivered once. A failure leaves it pending with backoff. Returns the outcome, or
-    None if it was delivered already, is being delivered, or must wait for its retry time."""
+    it is delivered once. A failure leaves it pending with backoff, or after
+    WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed with the error as its outcome. Returns the
+    outcome, or None if it was delivered already, is being delivered, must wait for its retry
+    time, or failed."""
     with transaction.atomic():
         item = (InboxItem.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("tenant")
                 .filter(id=item_id, status=InboxItem.Status.PENDING)
-                .filter(Q(attempts=0) | Q(next_attempt_at__lte=timezone.now())).first())
+                .filter(Q(attempts=0) | Q(next_attempt_at__lte=Now())).first())
         if item is None:
             return None
         try:
             with transaction.atomic(), tenant_context(item.tenant):
                 outcome = _inbox_work(item)
         except Exception as exc:  # not acked away: the item stays pending and is retried
+            error = f"{type(exc).__name__}: {exc}"
+            attempts = item.attempts + 1
+            if attempts >= settings.WEBHOOK_INBOX_MAX_ATTEMPTS:  # a poison item stops here
+                log.error("inbox item %s (%s) failed %d times, giving up: %s", item.id,
+                          item.source_id, attempts, exc, exc_info=True)
+                InboxItem.objects.filter(id=item.id).update(
+                    status=InboxItem.Status.FAILED, outcome=error[:64], attempts=attempts,
+                    last_error=error[:4000])
+                return None
             delay = min(settings.WEBHOOK_INBOX_BACKOFF_SECONDS * 2 ** item.attempts,
                         settings.WEBHOOK_INBOX_BACKOFF_MAX_SECONDS)
             log.warning("inbox item %s (%s) failed, retrying in %.1fs: %s", item.id,
                         item.source_id, delay, exc, exc_info=True)
             InboxItem.objects.filter(id=item.id).update(
-                attempts=item.attempts + 1, last_error=f"{type(exc).__name__}: {exc}"[:4000],
-                next_attempt_at=timezone.now() + timedelta(seconds=delay))
+                attempts=attempts, last_error=error[:4000],
+                next_attempt_at=Now() + timedelta(seconds=delay))
             return None
         InboxItem.objects.filter(id=item.id).update(
             status=InboxItem.Status.DELIVERED, outcome=outcome[:64], attempts=item.attempts + 1,
-            delivered_at=timezone.now())
+            delivered_at=Now())
     return outcome
 
 
 def inbox_sweep(*, limit: int = 500) -> int:
     """Ring the doorbell of every pending item that is due and no younger than
     WEBHOOK_INBOX_SWEEP_AFTER_SECONDS (younger ones have a doorbell on its way)."""
-    now = timezone.now()
-    young = now - timedelta(seconds=settings.WEBHOOK_INBOX_SWEEP_AFTER_SECONDS)
-    due = list(InboxItem.objects.filter(status=InboxItem.Status.PENDING, next_attempt_at__lte=now)
+    young = Now() - timedelta(seconds=settings.WEBHOOK_INBOX_SWEEP_AFTER_SECONDS)
+    due = list(InboxItem.objects.filter(status=InboxItem.Status.PENDING, next_attempt_at__lte=Now())
                .filter(Q(attempts__gt=0) | Q(received_at__lte=young))
                .order_by("next_attempt_at").values_list("id", flat=True)[:limit])
     for item_id in due:
@@ -363,12 +395,13 @@ def inbox_sweep(*, limit: int = 500) -> int:
 
 
 def inbox_prune(*, now=None) -> dict[str, int]:
-    """Delete delivered items and Slack/Gmail dedupe rows older than
+    """Delete delivered and failed items and Slack/Gmail dedupe rows older than
     EVENT_DEDUPE_RETENTION_SECONDS (longer than any sender retries). Pending items stay."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.EVENT_DEDUPE_RETENTION_SECONDS)
     return {
-        "inbox_items": InboxItem.objects.filter(status=InboxItem.Status.DELIVERED,
-                                                received_at__lt=cutoff).delete()[0],
+        "inbox_items": InboxItem.objects.filter(
+            status__in=[InboxItem.Status.DELIVERED, InboxItem.Status.FAILED],
+            received_at__lt=cutoff).delete()[0],
         "slack_events_seen": SlackEventSeen.objects.filter(received_at__lt=cutoff).delete()[0],
         "gmail_messages_seen": GmailMessageSeen.objects.filter(received_at__lt=cutoff)
         .delete()[0],

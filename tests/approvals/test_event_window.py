@@ -4,13 +4,16 @@ retention job prunes the dedupe rows."""
 
 import uuid
 from datetime import timedelta
+from uuid import UUID
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
 from approvals.models import EventGate, InboundEvent
-from approvals.services import event_deliver
+from approvals.services import event_deliver, gate_open
+from runs.models import Checkpoint, Run
 from tests.approvals.test_inbox import start, status_of
 from tests.waiting import wait_for
 
@@ -117,3 +120,32 @@ def test_the_retention_job_prunes_old_dedupe_rows_and_keeps_pending_inbox_items(
     stuck.delete()
     slack.delete()
     gmail.delete()
+
+
+def test_a_worker_clock_behind_the_database_neither_loses_nor_invents_a_wakeup(
+        acme, acme_api, worker, monkeypatch):
+    key = f"order-{uuid.uuid4()}"
+    run_id = start(acme_api, how="event", kind="hardware.delivered", key=key)
+    gate_of(acme, run_id)
+    # From here this process is a worker whose clock runs an hour behind the database's,
+    # which stamped the run's checkpoints (and so the gate's `since`).
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(hours=1))
+    with tenant_context(acme):
+        fresh = event_deliver(kind="hardware.delivered", key=key, payload={"n": 1},
+                              source_id=f"test:{uuid.uuid4()}")
+        assert fresh.resumed == [UUID(run_id)]  # not dated an hour before the wait
+    assert status_of(acme_api, run_id, "succeeded")["result"] == {"n": 1}
+
+    with tenant_context(acme):  # a new wait of the same run must not take an older event
+        run = Run.objects.get(id=run_id)
+        reached = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
+        old = event_deliver(kind="hardware.returned", key=key, payload={},
+                            received_at=reached.created_at - timedelta(minutes=10))
+        with transaction.atomic():
+            gate = gate_open(run=run, visit=reached.visit + 1, kind="hardware.returned", key=key,
+                             then="done", on_timeout=None, timeout=None)
+        assert gate.since == reached.created_at > old.event.received_at
+        assert (gate.status, InboundEvent.objects.get(id=old.event.id).consumed_at) == \
+            ("open", None)
+        gate.delete()

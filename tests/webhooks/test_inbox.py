@@ -2,13 +2,16 @@
 sender gets its 200, and is delivered from that row once, whatever happens to the broker or to
 the delivering task."""
 
+import json
 import uuid
 from datetime import timedelta
+from urllib.parse import urlencode
 
 import pytest
 import redis
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
@@ -19,7 +22,8 @@ from tests.conftest import Worker
 from tests.waiting import wait_for
 from tests.webhooks.slack import click_body, event_body
 from tests.webhooks.test_slack import acme_slack, click, post_event  # noqa: F401
-from webhooks.models import InboxItem
+from webhooks.models import InboxItem, SlackEventSeen
+from webhooks.services import inbox_deliver, inbox_prune
 
 
 def broker_flush():
@@ -180,3 +184,64 @@ def test_inbox_rows_keep_to_their_kinds_and_statuses(acme, kind):
     with pytest.raises(IntegrityError), transaction.atomic():
         InboxItem.objects.filter(id=row.id).update(kind="carrier_pigeon")
     row.delete()
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "message", "metadata": "x"},
+    {"type": "message", "metadata": {"event_payload": ["x"]}},
+    {"type": "reaction_added", "item": "x"},
+], ids=["metadata", "event_payload", "item"])
+def test_an_event_of_the_wrong_shape_is_refused_and_never_stored(acme, acme_slack,  # noqa: F811
+                                                                 event):
+    event_id = f"Ev{uuid.uuid4().hex}"
+    response = post_event(acme_slack, event_body(acme_slack.team_id, event, event_id))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_body"
+    assert not InboxItem.objects.filter(tenant=acme, source_id=f"slack:{event_id}").exists()
+    assert not SlackEventSeen.objects.filter(connection=acme_slack, event_id=event_id).exists()
+
+
+def test_an_overlong_event_id_and_a_click_with_a_bare_action_are_refused(acme, acme_slack):  # noqa: F811
+    too_long = "Ev" + "x" * 63
+    response = post_event(acme_slack, event_body(acme_slack.team_id, {"type": "message"},
+                                                 too_long))
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "malformed_body")
+    bare = {"type": "block_actions", "team": {"id": acme_slack.team_id}, "user": {"id": "U1"},
+            "actions": ["approve"]}
+    response = click(acme_slack, urlencode({"payload": json.dumps(bare)}).encode())
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "malformed_body")
+    assert not InboxItem.objects.filter(tenant=acme, source_id=f"slack:{too_long}").exists()
+    assert not InboxItem.objects.filter(tenant=acme, payload__by="slack:U1").exists()
+
+
+def test_an_item_that_keeps_failing_is_given_up_on_and_pruned(acme, worker):
+    # Stored before its shape was checked (an older release): delivering it always raises.
+    poison = InboxItem.objects.create(
+        tenant=acme, kind="gmail_push", source_id=f"gmail:{uuid.uuid4()}", payload={},
+        attempts=settings.WEBHOOK_INBOX_MAX_ATTEMPTS - 1)
+    failed = wait_for(lambda: InboxItem.objects.filter(id=poison.id, status="failed").first(),
+                      what="the sweep to give up on the poison item")
+    assert failed.attempts == settings.WEBHOOK_INBOX_MAX_ATTEMPTS
+    assert failed.outcome == "KeyError: 'mailbox'" and failed.last_error == failed.outcome
+    assert failed.delivered_at is None
+    assert inbox_prune()["inbox_items"] == 0  # kept as long as a delivered item would be
+    later = timezone.now() + timedelta(seconds=settings.EVENT_DEDUPE_RETENTION_SECONDS + 60)
+    inbox_prune(now=later)
+    assert not InboxItem.objects.filter(id=poison.id).exists()
+
+
+def test_a_click_before_the_expiry_delivered_after_it_still_decides(
+        acme, acme_api, acme_slack, workers):  # noqa: F811
+    run_id = start(acme_api, how="approval")
+    approval = pending_approval(acme_api, run_id)
+    status_of(acme_api, run_id, "waiting")
+    workers.stop()  # the click's doorbell waits in the broker
+    assert click(acme_slack, click_body(acme_slack.team_id, approval["id"])).status_code == 200
+    stored = InboxItem.objects.get(tenant=acme, kind="slack_decision",
+                                   payload__approval_id=approval["id"])
+    with tenant_context(acme):  # it expires after Slack got its 200, before the delivery
+        Approval.objects.filter(id=approval["id"]).update(expires_at=Now())
+    assert inbox_deliver(item_id=stored.id) == "approved"
+    workers.start()
+    result = status_of(acme_api, run_id, "succeeded")["result"]
+    assert result["approved"] is True and result["by"] == "slack:U0MARIA"
