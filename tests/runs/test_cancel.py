@@ -120,7 +120,8 @@ def test_cancel_reaches_a_child_started_while_it_waited_for_the_parent(acme):
         connections.close_all()
 
     def blocked_on_lock():
-        with connections["default"].cursor() as cursor:
+        with connections["default"].cursor() as cursor:  # in a transaction: a fresh snapshot
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
             cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
                            "'Lock' AND datname = current_database()")
             return cursor.fetchone()[0] > 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from dispatch.models import ReadyRun
 from runs import engine
 from runs.agents import Agent
 from runs.models import Run
@@ -40,6 +41,7 @@ def test_fan_out_branches_keep_their_own_sandbox_calls(in_acme, s3):
     run = run_start(agent="sandbox_fan", input={"words": ["north", "south", "east"]},
                     enqueue=False).run
     assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    ReadyRun.objects.filter(run_id=run.id).delete()  # driven here, not by a session worker
     for index in range(3):
         assert engine.branch_advance(run_id=run.id, index=index) == engine.Outcome.ENDED
     assert engine.advance(run_id=run.id, slice_seconds=600) == engine.Outcome.ENDED
