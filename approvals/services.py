@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from dispatch.models import Wakeup
+from runs.events import event_record
 from runs.models import Checkpoint, Run
 from runs.services import RunError, run_resume
 
@@ -51,7 +52,6 @@ def approval_open(*, run: Run, visit: int, request: dict, then: str, on_timeout:
     )
     if expires_at:
         wakeup_schedule(run_id=run.id, visit=visit, due_at=expires_at)
-    from runs.engine import event_record
 
     event_record(run_id=run.id, kind="approval_requested", visit=visit,
                  approval=str(approval.id), title=request.get("title", ""))
@@ -113,7 +113,6 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
             run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
                        update={"approval": decision}, event="approval_decided", **decision)
         elif approval.kind == Approval.Kind.BUDGET and not approve:
-            from runs.engine import event_record
             from runs.services import run_fail_parked
 
             event_record(run_id=run.id, kind="approval_decided", **decision)

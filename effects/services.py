@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
+from runs.events import event_record
 from runs.models import Branch, Run
 
 from .models import Effect, OutboxMessage
@@ -240,7 +241,6 @@ def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
                 tokens_used=F("tokens_used") + int(usage.get("total_tokens", 0)),
                 cost_usd=F("cost_usd") + Decimal(str(result.get("cost_usd", 0))))
         if recorded and reconciled:
-            from runs.engine import event_record
 
             event_record(run_id=effect.run_id, kind="effect_reconciled", effect=effect.name)
     if not recorded:  # someone recorded it first: theirs is the result
@@ -435,7 +435,6 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
     with transaction.atomic():
         recorded = OutboxMessage.objects.filter(claim, id=message.id).update(**fields)
         if recorded and event:
-            from runs.engine import event_record
 
             event_record(run_id=message.run_id, kind=event, message=message.id,
                          name=message.name, connector=message.connector, error=error)
@@ -465,7 +464,6 @@ def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage
         message.settled_by = by
         message.save(update_fields=["status", "delivered_at", "result", "next_attempt_at",
                                     "maybe_sent", "attempts", "settled_by"])
-        from runs.engine import event_record
 
         event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,
                      name=message.name, delivered=delivered, by=by)

@@ -16,7 +16,7 @@ from dispatch.models import Wakeup
 from dispatch.services import dispatch_ready, ready_clear, ready_mark
 
 from .agents import UnknownAgent, registry
-from .engine import event_record
+from .events import event_record
 from .models import Branch, Checkpoint, LogEntry, Run
 from .state import StateTooLarge, state_merge
 

@@ -1,0 +1,311 @@
+"""The step loop (`Harness`): runs one claimed run's steps, checkpoints each transition, and
+ends the run or parks it as rows when it waits."""
+
+import time
+import traceback
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+from opentelemetry import trace
+
+from dispatch.services import ready_clear, ready_mark, ready_requeue
+from effects.services import BudgetExceeded, EffectRefused, NeedsPerson, idempotency_key
+
+from ..agents import Agent, Step
+from ..events import event_record
+from ..models import Branch, LogEntry, Run
+from ..state import LogView, State, StateTooLarge, state_merge
+from ..transitions import (
+    Fail,
+    FanOut,
+    Finish,
+    Goto,
+    RunChild,
+    Sleep,
+    Transition,
+    WaitForApproval,
+    WaitForEvent,
+    targets,
+)
+from .context import INTERRUPTS, StepContext
+from .outcome import Outcome, StepError
+from .parking import park_reason, waiting_of
+from .writer import CheckpointWriter, Position, position_load
+
+tracer = trace.get_tracer("agentplatform.runs")
+
+CANCEL_POLL_SECONDS = 0.5
+
+
+class Harness:
+    """Runs one claimed run's steps until it parks, ends, or its time slice is used."""
+
+    def __init__(self, run: Run, agent: Agent, epoch: int, owner: str, slice_seconds: float,
+                 sleep=time.sleep):
+        self.run, self.agent, self.epoch, self.owner = run, agent, epoch, owner
+        self.slice_seconds = slice_seconds
+        self.sleep = sleep
+        self.writer = CheckpointWriter(run, epoch)
+        self.writer.cancel_requested = run.cancel_requested
+        self.item, self.branch = None, None  # set when running a fan-out branch (its row)
+        self.notifications: list[dict] = []  # the last successful step's ctx.notify calls
+
+    def go(self) -> Outcome:
+        try:
+            return self._loop()
+        finally:
+            self.writer.close()
+
+    def _loop(self) -> Outcome:
+        run, agent = self.run, self.agent
+        position = self.position = position_load(run=run)
+        logs = {
+            name: LogView(run.id, name, lambda name=name: self.position.offsets.get(name, 0),
+                          self.writer.unwritten_values)
+            for name in agent.logs
+        }
+        slice_started = time.monotonic()
+        while True:
+            if self._cancel_requested():
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
+            if run.steps_taken >= run.max_steps:
+                return self._end(position, Run.Status.FAILED, event="limit_exceeded",
+                                 error=f"max_steps reached: {run.steps_taken} of {run.max_steps}")
+            if run.active_seconds >= run.max_wall_seconds:
+                return self._end(position, Run.Status.FAILED, event="limit_exceeded",
+                                 error=f"max wall time reached: {run.active_seconds:.1f}s of "
+                                       f"{run.max_wall_seconds:.1f}s")
+            step = agent.steps[position.step]
+            started, self.step_started_at = time.monotonic(), timezone.now()
+            try:
+                transition = self.step_run(step, position, logs)
+                if transition is None:  # retries exhausted; the errors are in the events
+                    return self._end(position, Run.Status.FAILED, error=self.last_error)
+                position = self.position = self._apply(step, position, transition)
+            except StepError as exc:
+                event_record(run_id=run.id, kind="step_failed", visit=position.visit,
+                             step=step.name, error=str(exc), retryable=False)
+                return self._end(position, Run.Status.FAILED, error=str(exc))
+            except NeedsPerson as exc:
+                return self._park_for_person(position, exc.kind, exc.request)
+            except BudgetExceeded as exc:
+                event_record(run_id=run.id, kind="budget_exceeded", visit=position.visit,
+                             step=step.name, reason=str(exc))
+                if agent.on_budget == "approve":
+                    return self._park_for_person(position, "budget", {
+                        "title": "Budget reached: raise it?", "reason": str(exc)})
+                return self._end(position, Run.Status.FAILED, error=f"budget exceeded: {exc}")
+            finally:
+                run.active_seconds += time.monotonic() - started
+            run.steps_taken += 1
+            match transition:
+                case Finish(result=result):
+                    return self._end(position, Run.Status.SUCCEEDED, result=result)
+                case Fail(reason=reason):
+                    return self._end(position, Run.Status.FAILED, error=reason)
+                case Goto():
+                    self.writer.write(position)
+                case FanOut(items=items) if not items:  # nothing to fan out: on to the join
+                    self.writer.write(position)
+                case FanOut():
+                    return self._park_fan_out(position, transition)
+                case WaitForApproval() | WaitForEvent() | Sleep() | RunChild():
+                    return self._park(position, transition)
+            if time.monotonic() - slice_started >= self.slice_seconds:
+                with transaction.atomic():
+                    self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
+                                             lease_expires_at=None)
+                    ready_requeue(run_id=run.id)  # back of its tenant's line: fairness
+                return Outcome.SLICE_USED
+
+    last_error = ""  # the last failed attempt's error, when retries ran out
+
+    def branch_step(self, branch: Branch, step: Step, position: Position) -> Transition | None:
+        """Run a fan-out branch's step at the join's position, with the branch's item: its
+        logs are read-only and nothing is checkpointed (a branch's result is its row)."""
+        self.item, self.branch = branch.item, branch
+        self.position = position
+        logs = {name: LogView(self.run.id, name, lambda name=name: position.offsets.get(name, 0),
+                              lambda name: []) for name in self.agent.logs}
+        try:
+            return self.step_run(step, position, logs)
+        finally:
+            self.writer.close()
+
+    def step_run(self, step: Step, position: Position, logs) -> Transition | None:
+        policy = step.retry or self.agent.retry
+        for attempt in range(1, policy.max_attempts + 1):
+            ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
+                              attempt=attempt, logs=logs, writer=self.writer, item=self.item,
+                              branch=self.branch, epoch=self.epoch)
+            try:
+                with tracer.start_as_current_span(f"step {step.name}", attributes={
+                        "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
+                        "attempt": attempt}) as span:
+                    transition = step.fn(ctx, State(position.state, logs))
+                    if ctx.interrupt is not None:  # the step caught it and carried on
+                        raise ctx.interrupt
+                    if not isinstance(transition, Transition):
+                        raise StepError(
+                            f"step {step.name!r} returned {transition!r}, not a transition")
+                    span.set_attribute("transition", type(transition).__name__)
+                    self.notifications = ctx.notifications
+                    ctx.step_completed()
+                    return transition
+            except (StepError, *INTERRUPTS):
+                raise  # DatabaseError among them: the watchdog retries the run, not the step
+            except Exception as exc:  # a step's own failure: retry per policy
+                if ctx.interrupt is not None:  # it swallowed an interrupt, then failed anyway
+                    raise ctx.interrupt from exc
+                if isinstance(exc, EffectRefused):
+                    raise StepError(str(exc)) from exc
+                self.last_error = f"step {step.name!r} raised {type(exc).__name__}: {exc}"
+                will_retry = attempt < policy.max_attempts
+                event_record(
+                    run_id=self.run.id, kind="step_error", visit=position.visit, step=step.name,
+                    attempt=attempt, will_retry=will_retry, error=self.last_error,
+                    traceback=traceback.format_exc(limit=20)[-4000:],
+                )
+                if will_retry:
+                    self.sleep(policy.backoff(attempt))
+        return None
+
+    def _apply(self, step: Step, position: Position, transition: Transition) -> Position:
+        undeclared = targets(transition) - step.next
+        if undeclared:
+            raise StepError(
+                f"step {step.name!r} went to {sorted(undeclared)}, which it does not declare "
+                f"in next={sorted(step.next)}"
+            )
+        try:
+            state = state_merge(position.state, transition.update)
+        except StateTooLarge as exc:
+            raise StepError(str(exc)) from None
+        offsets = dict(position.offsets)
+        entries = []
+        for name, values in transition.append.items():
+            if name not in self.agent.logs:
+                raise StepError(f"step {step.name!r} appended to undeclared log {name!r}")
+            for value in values:
+                entries.append(LogEntry(run_id=self.run.id, log=name, index=offsets.get(name, 0),
+                                        visit=position.visit + 1, value=value))
+                offsets[name] = offsets.get(name, 0) + 1
+        match transition:
+            case Goto(step=next_step):
+                pass
+            case FanOut(then=next_step) | WaitForApproval(then=next_step) | \
+                    WaitForEvent(then=next_step) | Sleep(then=next_step) | RunChild(then=next_step):
+                pass
+            case _:
+                next_step = None
+        outbox = [dict(n, key=idempotency_key(schema=connection.schema_name, run_id=self.run.id,
+                                               scope=f"outbox/{position.visit}", name=n["name"]))
+                  for n in self.notifications]
+        return Position(visit=position.visit + 1, step=next_step, state=state, offsets=offsets,
+                        pending_entries=entries, pending_outbox=outbox)
+
+    def _cancel_requested(self) -> bool:
+        """Seen on every checkpoint write; exit mode, which writes none, asks now and then."""
+        if self.writer.cancel_requested:
+            return True
+        if self.run.durability == Run.Durability.EXIT and time.monotonic() > self._next_cancel_poll:
+            self._next_cancel_poll = time.monotonic() + CANCEL_POLL_SECONDS
+            return Run.objects.filter(id=self.run.id, cancel_requested=True).exists()
+        return False
+
+    _next_cancel_poll = 0.0
+
+    def _end(self, position: Position, status: str, *, event: str | None = None,
+             error: str = "", result: Any = None) -> Outcome:
+        run = self.run
+        kind = event or {"succeeded": "run_succeeded", "failed": "run_failed"}.get(status, status)
+        with transaction.atomic():
+            self.writer.commit_final(
+                position, status=status, result=result, error=error, lease_owner="",
+                lease_expires_at=None, finished_at=timezone.now(),
+            )
+            event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
+                         result=result, steps_taken=run.steps_taken)
+            ready_clear(run_id=run.id)
+            if run.parent_id:  # a child run reports to the parent waiting on it
+                from runs.services import child_report
+
+                child_report(run_id=run.id, status=status, result=result, error=error)
+        return Outcome.ENDED
+
+    def _park_for_person(self, position: Position, kind: str, request: dict) -> Outcome:
+        """Park before the step that needs a person; on the decision it runs again at the same
+        visit, so its recorded effects replay and only the undecided one is settled."""
+        from approvals.services import approval_open
+
+        run = self.run
+        # Its checkpoint predates the step (append-only): the approval row is the record, and
+        # a fork here runs the step again, its effects under new keys and its budget as started.
+        with transaction.atomic():
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None, waiting_reason=request["title"])
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, nothing opens
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
+            ready_clear(run_id=run.id)
+            event_record(run_id=run.id, kind="run_parked", visit=position.visit,
+                         reason=request["title"])
+            approval_open(run=run, visit=position.visit, request=request, then=position.step,
+                          on_timeout=None, timeout=None, kind=kind)
+        return Outcome.PARKED
+
+    def _park(self, position: Position, transition: Transition) -> Outcome:
+        """Leave the worker: the run becomes rows (a checkpoint, and what it waits on)."""
+        from approvals import services as parking
+        from runs.services import run_start
+
+        run, visit = self.run, position.visit
+        reason, due = park_reason(transition)
+        with transaction.atomic():
+            position.waiting = dict(waiting_of(transition, due=due), reason=reason)
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None, waiting_reason=reason)
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, nothing opens
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
+            ready_clear(run_id=run.id)
+            event_record(run_id=run.id, kind="run_parked", visit=visit, reason=reason)
+            match transition:
+                case WaitForApproval(request=request, then=then, on_timeout=on_timeout,
+                                     timeout=timeout):
+                    parking.approval_open(run=run, visit=visit, request=request, then=then,
+                                          on_timeout=on_timeout, timeout=timeout)
+                case WaitForEvent(kind=kind, key=key, then=then, on_timeout=on_timeout,
+                                  timeout=timeout, since=since):
+                    parking.gate_open(run=run, visit=visit, kind=kind, key=key, then=then,
+                                      on_timeout=on_timeout, timeout=timeout,
+                                      since=since or self.step_started_at)
+                case Sleep():
+                    parking.wakeup_schedule(run_id=run.id, visit=visit, due_at=due)
+                case RunChild(agent=agent, input=input, then=then, version=version):
+                    child = run_start(agent=agent, version=version, input=input,
+                                      parent_id=run.id, durability=run.durability).run
+                    parking.gate_open(run=run, visit=visit, kind="child_run", key=str(child.id),
+                                      then=then, on_timeout=None, timeout=None)
+        return Outcome.PARKED
+
+    def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:
+        """Park the run at the join step and put one branch per item in line."""
+        run = self.run
+        reason, _ = park_reason(fan_out)
+        position.waiting = dict(waiting_of(fan_out), reason=reason)
+        with transaction.atomic():
+            self.writer.commit_final(position, status=Run.Status.WAITING, lease_owner="",
+                                     lease_expires_at=None, waiting_reason=reason)
+            if self.writer.cancel_requested:  # asked while parking: cancel wins, no branches
+                return self._end(position, Run.Status.CANCELLED, event="run_cancelled")
+            Branch.objects.bulk_create(
+                Branch(run_id=run.id, visit=position.visit, index=i, step=fan_out.step, item=item)
+                for i, item in enumerate(fan_out.items)
+            )
+            ready_clear(run_id=run.id)
+            for i in range(len(fan_out.items)):
+                ready_mark(run_id=run.id, branch=i)
+            event_record(run_id=run.id, kind="fan_out", visit=position.visit,
+                         step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
+        return Outcome.PARKED
+

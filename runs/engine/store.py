@@ -1,0 +1,200 @@
+"""Every epoch-fenced statement of the engine, in one place to audit.
+
+A run (or a fan-out branch) is claimed with a lease (owner, epoch, expiry) in one atomic
+UPDATE on the database clock; every write made under the lease is fenced on the epoch, so a
+worker that lost its lease stops at its next write (LeaseLost) instead of overwriting its
+successor's work. The checkpoint is one statement: run row, checkpoint, log entries, outbox.
+"""
+
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from django.conf import settings
+from django.db import connection, transaction
+
+from effects.models import OutboxMessage
+from effects.services import outbox_kick
+
+from ..models import Branch, Checkpoint, LogEntry, Run
+from .outcome import LeaseLost
+
+if TYPE_CHECKING:
+    from .writer import Position
+
+
+def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -> int | None:
+    """Take the run's lease if it is runnable and nobody holds a live lease. Returns the epoch.
+
+    Counts the claim: a run claimed again and again without a new checkpoint (its step kills
+    the worker) is parked for a person by `advance` instead of being claimed forever."""
+    ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Run._meta.db_table}
+               SET status = 'running', lease_owner = %s, lease_epoch = lease_epoch + 1,
+                   lease_expires_at = now() + %s, started_at = coalesce(started_at, now()),
+                   claims_without_checkpoint = claims_without_checkpoint + 1,
+                   updated_at = now()
+             WHERE id = %s AND status IN ('queued', 'running')
+               AND (lease_expires_at IS NULL OR lease_expires_at < now())
+         RETURNING lease_epoch
+            """,
+            [owner, ttl, run_id],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+
+def run_unclaim(*, run: Run, epoch: int) -> None:
+    """Give the claim back uncounted: queued, no lease, as if this worker never took it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Run._meta.db_table} SET status = 'queued', lease_owner = '', "
+            "lease_expires_at = NULL, updated_at = now(), "
+            "claims_without_checkpoint = greatest(claims_without_checkpoint - 1, 0) "
+            "WHERE id = %s AND lease_epoch = %s",
+            [run.id, epoch],
+        )
+        if cursor.rowcount == 0:
+            raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over")
+
+
+def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    """SET clause for the run row: counters, lease extension (unless released), `fields`."""
+    values = {"steps_taken": run.steps_taken, "active_seconds": run.active_seconds, **fields}
+    sql = ["updated_at = now()", "claims_without_checkpoint = 0"]  # progress: not a poison step
+    params: list[Any] = []
+    if "lease_owner" not in fields:
+        sql.append("lease_expires_at = now() + %s")
+        params.append(timedelta(seconds=settings.RUN_LEASE_SECONDS))
+    for name, value in values.items():
+        column = Run._meta.get_field(name)
+        sql.append(f"{column.column} = %s")
+        params.append(column.get_db_prep_save(value, connection))
+    return ", ".join(sql), params
+
+
+def _prepared(sql: str, params: list[Any]) -> tuple | None:
+    """Execute on the raw connection as a server-side prepared statement: the hot path is
+    planned once per connection, and no `SET search_path` round trip precedes it (tables are
+    schema-qualified). Joins the surrounding transaction, if any."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
+        return cursor.fetchone()
+
+
+def checkpoint_commit(*, run: Run, epoch: int, position: "Position", **run_fields) -> bool:
+    """Write a checkpoint, its new log entries and the run's counters in one statement, fenced
+    on the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
+    Returns whether a cancel was requested."""
+    assignments, params = _run_assignments(run, run_fields)
+    entries, outbox = position.pending_entries, position.pending_outbox
+    schema = connection.schema_name
+    sql = f"""
+        WITH fence AS (
+            UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
+             WHERE id = %s AND lease_epoch = %s
+         RETURNING id, cancel_requested
+        ), checkpoint AS (
+            INSERT INTO "{schema}".{Checkpoint._meta.db_table}
+                   (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
+                    waiting, created_at)
+            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s::jsonb, now() FROM fence
+        ), entries AS (
+            INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
+            SELECT fence.id, e.log, e.index, e.visit, e.value::jsonb
+              FROM fence, unnest(%s::text[], %s::int[], %s::int[], %s::text[])
+                   AS e(log, index, visit, value)
+        ), outbox AS (
+            INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
+                   (run_id, name, connector, args, idempotency_key, status, attempts,
+                    next_attempt_at, last_error, created_at)
+            SELECT fence.id, o.name, o.connector, o.args::jsonb, o.key, 'pending', 0, now(), '',
+                   now()
+              FROM fence, unnest(%s::text[], %s::text[], %s::text[], %s::text[])
+                   AS o(name, connector, args, key)
+            ON CONFLICT (idempotency_key) DO NOTHING
+        )
+        SELECT cancel_requested FROM fence
+    """
+    params += [
+        run.id, epoch,
+        position.visit, position.step, json.dumps(position.state),
+        json.dumps(position.offsets), run.agent_version, run.topology_hash,
+        None if position.waiting is None else json.dumps(position.waiting, default=str),
+        [e.log for e in entries], [e.index for e in entries], [e.visit for e in entries],
+        [json.dumps(e.value) for e in entries],
+        *([n[field] for n in outbox] for field in ("name", "connector")),
+        [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
+    ]
+    row = _prepared(sql, params)
+    if outbox and not connection.in_atomic_block:
+        outbox_kick()  # committed: ring the dispatcher (an atomic caller rings on commit)
+    elif outbox:
+        transaction.on_commit(outbox_kick)
+    if row is None:
+        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
+                        f"(checkpoint {position.visit} not written)")
+    return row[0]
+
+
+def run_fence(*, run: Run, epoch: int, visit: int | None = None, **fields) -> bool:
+    """Update the run's counters and `fields` only if our lease epoch still holds."""
+    assignments, params = _run_assignments(run, fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Run._meta.db_table} SET {assignments} WHERE id = %s AND lease_epoch = %s "
+            "RETURNING cancel_requested",
+            params + [run.id, epoch],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over (at visit {visit})")
+    return row[0]
+
+
+
+def checkpoint_latest(*, run: Run) -> Checkpoint | None:
+    """The run's newest checkpoint (run_start writes visit 0)."""
+    return run.checkpoints.order_by("-visit").first()
+
+
+def checkpoint_at(*, run: Run, visit: int) -> Checkpoint:
+    return run.checkpoints.get(visit=visit)
+
+
+def branch_claim(*, run_id: UUID, index: int, owner: str) -> Branch | None:
+    """Take the branch's lease (epoch + 1, database clock) if it is pending or its holder's
+    lease expired, in one statement; counts the attempt."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Branch._meta.db_table} b
+               SET status = 'running', lease_owner = %s, lease_epoch = b.lease_epoch + 1,
+                   lease_expires_at = now() + %s, attempts = b.attempts + 1
+             WHERE b.id = (SELECT id FROM {Branch._meta.db_table}
+                            WHERE run_id = %s AND index = %s
+                              AND status IN ('pending', 'running')
+                            ORDER BY visit DESC LIMIT 1)
+               AND (b.status = 'pending'
+                    OR (b.status = 'running' AND b.lease_expires_at < now()))
+         RETURNING b.id
+            """,
+            [owner, timedelta(seconds=settings.RUN_LEASE_SECONDS), run_id, index],
+        )
+        row = cursor.fetchone()
+    return Branch.objects.get(id=row[0]) if row else None
+
+
+
+def branch_fence(branch: Branch, **fields) -> None:
+    """Update the branch row only if its lease epoch still holds."""
+    written = Branch.objects.filter(id=branch.id, lease_epoch=branch.lease_epoch).update(**fields)
+    if not written:
+        raise LeaseLost(f"branch {branch.index} of run {branch.run_id} was taken over")
