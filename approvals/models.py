@@ -40,6 +40,17 @@ class Approval(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=[
+                "pending", "approved", "rejected", "expired", "cancelled"]),
+                name="approval_status_valid"),
+            models.CheckConstraint(
+                condition=models.Q(kind__in=["approval", "effect_outcome", "budget"]),
+                name="approval_kind_valid"),
+            # A parked run waits for one thing: a second pending approval would be decided twice.
+            models.UniqueConstraint(fields=["run"], condition=models.Q(status="pending"),
+                                    name="approval_one_pending_per_run"),
+        ]
 
 
 class EventGate(models.Model):
@@ -68,6 +79,14 @@ class EventGate(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["kind", "key", "status"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=["open", "resolved", "expired", "cancelled"]),
+                name="event_gate_status_valid"),
+            # A parked run waits for one thing: two open gates could wake it twice.
+            models.UniqueConstraint(fields=["run"], condition=models.Q(status="open"),
+                                    name="event_gate_one_open_per_run"),
+        ]
 
 
 class InboundEvent(models.Model):

@@ -33,8 +33,13 @@ class Effect(models.Model):
     done_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "scope", "name"],
-                                               name="effect_run_scope_name_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "scope", "name"],
+                                    name="effect_run_scope_name_unique"),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["pending", "done", "failed", "unknown"]),
+                name="effect_status_valid"),
+        ]
 
 
 class OutboxMessage(models.Model):

@@ -41,6 +41,11 @@ class Archive(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["status", "key_version"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=["archived", "failed", "discarded"]),
+                name="archive_status_valid"),
+        ]
 
     def __str__(self) -> str:
         return f"archive of run {self.run_id} ({self.status})"
@@ -55,6 +60,12 @@ class RunRetention(models.Model):
                                choices=[("full", "full"), ("shallow", "shallow")])
     ttl = models.DurationField(null=True, blank=True)
     archive_required = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(history__in=["full", "shallow"])
+                                   | models.Q(history=None), name="run_retention_history_valid"),
+        ]
 
 
 class TenantArchives(Tenant):

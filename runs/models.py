@@ -70,6 +70,23 @@ class Run(models.Model):
             models.Index(fields=["status", "created_at"]),
             models.Index(fields=["agent", "created_at"]),
         ]
+        # The hot path writes raw SQL, which `choices` never see: the database holds the rules
+        # (docs/decisions/0009-state-rules.md).
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=[
+                "queued", "running", "waiting", "succeeded", "failed", "cancelled"]),
+                name="run_status_valid"),
+            models.CheckConstraint(condition=models.Q(durability__in=["sync", "async", "exit"]),
+                                   name="run_durability_valid"),
+            models.CheckConstraint(condition=models.Q(lease_owner="", lease_expires_at=None) | (
+                ~models.Q(lease_owner="") & models.Q(lease_expires_at__isnull=False)),
+                name="run_lease_owner_iff_expiry"),
+            models.CheckConstraint(condition=models.Q(
+                status__in=["succeeded", "failed", "cancelled"], finished_at__isnull=False) | (
+                ~models.Q(status__in=["succeeded", "failed", "cancelled"])
+                & models.Q(finished_at=None)),
+                name="run_finished_iff_finished_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.agent} v{self.agent_version} {self.id}"
@@ -158,5 +175,15 @@ class Branch(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "visit", "index"], name="branch_unique")
+            models.UniqueConstraint(fields=["run", "visit", "index"], name="branch_unique"),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["pending", "running", "done", "failed"]),
+                name="branch_status_valid"),
+            models.CheckConstraint(condition=models.Q(lease_owner="", lease_expires_at=None) | (
+                ~models.Q(lease_owner="") & models.Q(lease_expires_at__isnull=False)),
+                name="branch_lease_owner_iff_expiry"),
+            models.CheckConstraint(condition=models.Q(
+                status__in=["done", "failed"], finished_at__isnull=False) | (
+                ~models.Q(status__in=["done", "failed"]) & models.Q(finished_at=None)),
+                name="branch_finished_iff_finished_at"),
         ]

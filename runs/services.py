@@ -148,12 +148,13 @@ def _cancel_locked(run: Run) -> None:
         return
     from approvals.services import parked_cancel
 
+    now = timezone.now()
     Run.objects.filter(id=run.id).update(
-        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
+        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=now,
         lease_owner="", lease_expires_at=None, waiting_reason="",
     )
     Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
-        status=Branch.Status.FAILED, error="run cancelled")
+        status=Branch.Status.FAILED, error="run cancelled", finished_at=now)
     parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
     ready_clear(run_id=run.id)
     event_record(run_id=run.id, kind="run_cancelled")

@@ -77,7 +77,7 @@ def test_unfinished_runs_and_runs_within_ttl_are_never_touched(archive_pass):
     queued = run_start(agent="chatter", input={"steps": 3}, enqueue=False).run
     Run.objects.filter(id=queued.id).update(created_at=timezone.now() - timedelta(days=400))
     waiting = run_finished(steps=2)
-    Run.objects.filter(id=waiting.id).update(status=Run.Status.WAITING)
+    Run.objects.filter(id=waiting.id).update(status=Run.Status.WAITING, finished_at=None)
     recent = run_finished(steps=2, age=timedelta(days=29))
     kept_longer = run_finished(steps=2)
     services.run_retention_set(run_id=kept_longer.id, ttl=timedelta(days=90))

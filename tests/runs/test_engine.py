@@ -1,9 +1,11 @@
 """The engine core, driven in-process (no Celery): checkpoints, retries, limits, versions."""
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.db.utils import DatabaseError
 
 from runs import engine
@@ -227,7 +229,8 @@ def test_cancel_of_a_queued_run_is_immediate(in_acme):
 def test_worker_that_lost_its_lease_stops_at_its_next_write(in_acme):
     run = start("chatter", input={"steps": 5})
     stale_epoch = engine.run_claim(run_id=run.id, owner="stale")
-    Run.objects.filter(id=run.id).update(lease_expires_at=None)  # as if the lease expired
+    # as if the lease expired
+    Run.objects.filter(id=run.id).update(lease_expires_at=Now() - timedelta(seconds=1))
     assert engine.advance(run_id=run.id, owner="successor") == engine.Outcome.ENDED
     stale = engine.Harness(Run.objects.get(id=run.id), registry.get("chatter"), stale_epoch,
                            "stale", slice_seconds=60)

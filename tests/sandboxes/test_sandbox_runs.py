@@ -117,7 +117,7 @@ def test_killed_worker_mid_command_resumes_on_another_with_the_last_snapshot(
     assert WorkspaceSnapshot.objects.filter(run_id=run.id).count() == 1
     block.unlink()
     # Until the lease watchdog exists, an operator's re-queue: clear the lease, ring the bell.
-    Run.objects.filter(id=run.id).update(lease_expires_at=None)
+    Run.objects.filter(id=run.id).update(lease_owner="", lease_expires_at=None)
     # The successor has no local copy at all, as on another host (the session worker, if it
     # runs one, shares the dead worker's half-written copy: restored all the same).
     other_host = Path(f"{settings.SANDBOX_WORKSPACE_ROOT}-other-host")

@@ -1,6 +1,7 @@
 """Founders' console: Django admin on the public schema, staff only."""
 
 from django.contrib.auth.models import User
+from django.db.models.functions import Now
 from django.test import Client
 
 from tenants.models import Tenant
@@ -55,7 +56,7 @@ def test_founder_sees_runs_of_a_chosen_tenant_with_their_leases_and_requeues_one
     with tenant_context(globex):
         stuck = run_start(agent="research", enqueue=False).run
         Run.objects.filter(id=stuck.id).update(status="running", lease_owner="host-9:4242",
-                                               lease_epoch=7)
+                                               lease_epoch=7, lease_expires_at=Now())
     client = staff_client()
     assert client.get("/admin/runs/run/tenant/globex/").status_code == 302
     page = client.get("/admin/runs/run/").content.decode()
