@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentplatform.errors import ServiceError
 from approvals.services import inbound_events_prune
 from runs.agents import RetentionPolicy
 from runs.models import Checkpoint, Run
@@ -49,8 +50,11 @@ class ArchiveRaced(ArchiveError):
     code = "archive_raced"
 
 
-class RetentionError(Exception):
-    pass
+class RetentionError(ServiceError):
+    """A retention setting or key retirement refused, with a message for the operator."""
+
+    def __init__(self, message: str):
+        super().__init__("retention_refused", message)
 
 
 @dataclass
