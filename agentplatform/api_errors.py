@@ -35,6 +35,7 @@ SERVICE_ERROR_STATUS = {
     "archive_corrupt": status.HTTP_500_INTERNAL_SERVER_ERROR,
     "archive_key_mismatch": status.HTTP_500_INTERNAL_SERVER_ERROR,
     "archive_raced": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "data_key_missing": status.HTTP_500_INTERNAL_SERVER_ERROR,  # the platform's fault, not the caller's
     # runs, approvals, the outbox
     "not_a_decider": status.HTTP_403_FORBIDDEN,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,

@@ -29,7 +29,6 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from agentplatform.errors import ServiceError
-
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from runs.models import Branch, Run

@@ -211,7 +211,7 @@ def archive_restore(*, tenant: Tenant, run_id: UUID) -> dict:
     """Fetch, verify and decrypt a run's archive; its history, read-only, as the API shows it."""
     archive = Archive.objects.filter(run_id=run_id, status=Archive.Status.ARCHIVED).first()
     if archive is None:
-        raise ArchiveNotFound(f"run {run_id} has no archive")
+        raise ArchiveNotFound("This run has no archive.")
     rows = archive_read(archive=archive, tenant=tenant)
     return {
         **selectors.history_from_rows(rows),

@@ -137,7 +137,8 @@ def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, by
     rows = tenant.data_keys.order_by("-version")
     row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
     if row is None:
-        raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}")
+        raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}",
+                          code="data_key_missing")
     master = keys.master_key()
     if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
         raise keys.KeyUnwrapError(

@@ -90,6 +90,14 @@ def gmail_connection_create(*, tenant: Tenant, email: str, audience: str,
                               f"Mailbox {email} is already connected.") from None
 
 
+def connection_delete(*, model: type[SlackConnection] | type[GmailConnection], tenant: Tenant,
+                      connection_id: uuid.UUID) -> None:
+    """Disconnect one of the tenant's Slack workspaces or mailboxes; not_found if it has none."""
+    deleted, _ = model.objects.filter(tenant=tenant, id=connection_id).delete()
+    if not deleted:
+        raise WebhookRejected("not_found", "No such connection.")
+
+
 def slack_signing_secret(connection: SlackConnection) -> str:
     return secret_open(tenant=connection.tenant, sealed=connection.signing_secret_sealed,
                        version=connection.data_key_version,
