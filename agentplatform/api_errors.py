@@ -5,8 +5,11 @@ import uuid
 
 from django.http import Http404
 from rest_framework import exceptions, status
+
+# The module, not its function: rest_framework.views, while loading, imports the API-key
+# authentication, which imports this module.
+from rest_framework import views as drf_views
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from agentplatform.errors import ServiceError
 
@@ -93,7 +96,7 @@ def _code_for(exc: Exception) -> str:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):  # a view lets its service's error through: this answers it
         exc = service_error(exc)
-    response = drf_exception_handler(exc, context)
+    response = drf_views.exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
