@@ -6,8 +6,8 @@ import uuid
 from django.http import Http404
 from rest_framework import exceptions, status
 
-# The module, not its function: rest_framework.views, while loading, imports the API-key
-# authentication, which imports this module.
+# The module, not its names: rest_framework.views, while it loads, imports the API-key
+# authentication, which imports this module (either may be imported first).
 from rest_framework import views as drf_views
 from rest_framework.response import Response
 

@@ -3,7 +3,8 @@
 from django.db import connection
 from rest_framework import authentication, exceptions, permissions
 
-from agentplatform.api_errors import ApiError, service_error
+# The module, not its names: it imports rest_framework.views, which imports this module.
+from agentplatform import api_errors
 
 from .services import ApiKeyRejected, api_key_authenticate
 
@@ -28,11 +29,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             raise exceptions.NotAuthenticated("Send your API key as 'Authorization: Bearer <key>'.")
         if scheme.lower() != "bearer" or not presented.strip():
-            raise ApiError("invalid_api_key", "Use 'Authorization: Bearer <key>'.")
+            raise api_errors.ApiError("invalid_api_key", "Use 'Authorization: Bearer <key>'.")
         try:
             key = api_key_authenticate(presented=presented.strip())
         except ApiKeyRejected as rejected:  # an APIException here, so DRF marks the request anonymous
-            raise service_error(rejected) from None
+            raise api_errors.service_error(rejected) from None
         connection.set_tenant(key.tenant)  # reset to public by PublicSchemaMiddleware
         request.tenant = key.tenant
         return TenantPrincipal(key), key
