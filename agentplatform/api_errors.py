@@ -1,25 +1,45 @@
-"""One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}."""
+"""One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}, and the one
+place that says which HTTP status a service error's code means (docs/decisions/0010)."""
 
 import uuid
 
 from django.http import Http404
 from rest_framework import exceptions, status
+
+# The module, not its names: rest_framework.views, while it loads, imports the API-key
+# authentication, which imports this module (either may be imported first).
+from rest_framework import views as drf_views
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
+from agentplatform.errors import ServiceError
 
-class ApiError(exceptions.APIException):
-    """An error a service raises with a stable machine-readable code."""
-
-    def __init__(self, code: str, message: str, http_status: int = status.HTTP_400_BAD_REQUEST):
-        super().__init__(detail=message, code=code)
-        self.status_code = http_status
-        self.error_code = code
-
-
-# HTTP status for the codes that services raise (RunError and its kin); anything else is 400.
+# HTTP status for the codes that services raise (every ServiceError); anything else is 400.
 SERVICE_ERROR_STATUS = {
     "not_found": status.HTTP_404_NOT_FOUND,
+    # who is asking: API keys, webhook signatures and tokens
+    "invalid_api_key": status.HTTP_401_UNAUTHORIZED,
+    "api_key_revoked": status.HTTP_401_UNAUTHORIZED,
+    "tenant_suspended": status.HTTP_403_FORBIDDEN,
+    "missing_signature": status.HTTP_401_UNAUTHORIZED,
+    "invalid_timestamp": status.HTTP_401_UNAUTHORIZED,
+    "stale_timestamp": status.HTTP_401_UNAUTHORIZED,
+    "invalid_signature": status.HTTP_401_UNAUTHORIZED,
+    "missing_token": status.HTTP_401_UNAUTHORIZED,
+    "invalid_token": status.HTTP_401_UNAUTHORIZED,
+    "wrong_identity": status.HTTP_403_FORBIDDEN,
+    "wrong_team": status.HTTP_403_FORBIDDEN,
+    "wrong_mailbox": status.HTTP_403_FORBIDDEN,
+    "oidc_keys_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
+    "team_already_connected": status.HTTP_409_CONFLICT,
+    "mailbox_already_connected": status.HTTP_409_CONFLICT,
+    # archives: the store out of reach is 503; an archive that does not open is our fault
+    "archive_store_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
+    "archive_error": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "archive_corrupt": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "archive_key_mismatch": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "archive_raced": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "data_key_missing": status.HTTP_500_INTERNAL_SERVER_ERROR,  # the platform's fault, not the caller's
+    # runs, approvals, the outbox
     "not_a_decider": status.HTTP_403_FORBIDDEN,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,
     "run_finished": status.HTTP_409_CONFLICT,
@@ -35,6 +55,20 @@ SERVICE_ERROR_STATUS = {
 }
 
 
+def status_for(code: str) -> int:
+    """The HTTP status an error code answers with."""
+    return SERVICE_ERROR_STATUS.get(code, status.HTTP_400_BAD_REQUEST)
+
+
+class ApiError(exceptions.APIException):
+    """An error with a stable machine-readable code, as the API answers it."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(detail=message, code=code)
+        self.status_code = status_for(code)
+        self.error_code = code
+
+
 def uuid_filter(value: str, name: str) -> uuid.UUID:
     """A query parameter that must be an id: 400 invalid_filter, never a 500."""
     try:
@@ -43,10 +77,9 @@ def uuid_filter(value: str, name: str) -> uuid.UUID:
         raise ApiError("invalid_filter", f"{name} must be a UUID, not {value[:64]!r}") from None
 
 
-def service_error(exc) -> ApiError:
-    """The API's answer to a service error carrying `code` and `message`."""
-    return ApiError(exc.code, exc.message,
-                    SERVICE_ERROR_STATUS.get(exc.code, status.HTTP_400_BAD_REQUEST))
+def service_error(exc: ServiceError) -> ApiError:
+    """The API's answer to a service error."""
+    return ApiError(exc.code, exc.message)
 
 
 def _code_for(exc: Exception) -> str:
@@ -61,7 +94,9 @@ def _code_for(exc: Exception) -> str:
 
 
 def exception_handler(exc, context):
-    response = drf_exception_handler(exc, context)
+    if isinstance(exc, ServiceError):  # a view lets its service's error through: this answers it
+        exc = service_error(exc)
+    response = drf_views.exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):

@@ -7,10 +7,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError, service_error, uuid_filter
+from agentplatform.api_errors import uuid_filter
 
 from . import services
 from .models import Approval
+from .selectors import approval_list, approval_or_404
 
 
 class ApprovalSerializer(serializers.ModelSerializer):
@@ -56,21 +57,9 @@ class ApprovalList(generics.ListAPIView):
     pagination_class = Newest
 
     def get_queryset(self):
-        approvals = Approval.objects.all()
-        if wanted := self.request.query_params.get("status"):
-            if wanted not in Approval.Status.values:
-                raise ApiError("invalid_filter", f"unknown status {wanted!r}")
-            approvals = approvals.filter(status=wanted)
-        if run := self.request.query_params.get("run"):
-            approvals = approvals.filter(run_id=uuid_filter(run, "run"))
-        return approvals
-
-
-def approval_or_404(approval_id) -> Approval:
-    approval = Approval.objects.filter(id=approval_id).first()
-    if approval is None:
-        raise ApiError("not_found", "No such approval.", status.HTTP_404_NOT_FOUND)
-    return approval
+        run = self.request.query_params.get("run")
+        return approval_list(status=self.request.query_params.get("status"),
+                             run_id=uuid_filter(run, "run") if run else None)
 
 
 class ApprovalDetail(APIView):
@@ -85,12 +74,9 @@ class ApprovalDecide(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         by = f"api:{request.user.api_key.name}"  # who decides is who authenticated
-        try:
-            approval = services.approval_decide(
-                approval_id=approval_id, approve=data["decision"] == "approve", by=by,
-                comment=data["comment"], artifact=data.get("artifact"), result=data.get("result"))
-        except services.ApprovalError as exc:
-            raise service_error(exc) from None
+        approval = services.approval_decide(
+            approval_id=approval_id, approve=data["decision"] == "approve", by=by,
+            comment=data["comment"], artifact=data.get("artifact"), result=data.get("result"))
         return Response(ApprovalSerializer(approval).data)
 
 

@@ -6,11 +6,12 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError, service_error, uuid_filter
-from runs.api import run_or_404
+from agentplatform.api_errors import uuid_filter
+from runs.selectors import run_or_404
 
 from . import services
 from .models import Effect, OutboxMessage
+from .selectors import effect_list, outbox_list
 
 
 class EffectSerializer(serializers.ModelSerializer):
@@ -36,8 +37,8 @@ class RunEffects(APIView):
     def get(self, request, run_id):
         run = run_or_404(run_id)
         return Response({
-            "effects": EffectSerializer(run.effects.order_by("id"), many=True).data,
-            "outbox": OutboxSerializer(run.outbox.order_by("id"), many=True).data,
+            "effects": EffectSerializer(effect_list(run_id=run.id), many=True).data,
+            "outbox": OutboxSerializer(outbox_list(run_id=run.id).order_by("id"), many=True).data,
             "tokens_used": run.tokens_used, "cost_usd": str(run.cost_usd),
         })
 
@@ -56,14 +57,9 @@ class OutboxList(generics.ListAPIView):
     pagination_class = Oldest
 
     def get_queryset(self):
-        messages = OutboxMessage.objects.all()
-        if wanted := self.request.query_params.get("status"):
-            if wanted not in OutboxMessage.Status.values:
-                raise ApiError("invalid_filter", f"unknown status {wanted!r}")
-            messages = messages.filter(status=wanted)
-        if run := self.request.query_params.get("run"):
-            messages = messages.filter(run_id=uuid_filter(run, "run"))
-        return messages
+        run = self.request.query_params.get("run")
+        return outbox_list(status=self.request.query_params.get("status"),
+                           run_id=uuid_filter(run, "run") if run else None)
 
 
 class OutboxSettle(APIView):
@@ -73,10 +69,7 @@ class OutboxSettle(APIView):
     def post(self, request, message_id):
         body = SettleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            message = services.outbox_settle(
-                message_id=message_id, delivered=body.validated_data["delivered"],
-                by=f"api:{request.user.api_key.name}")
-        except services.OutboxError as exc:
-            raise service_error(exc) from None
+        message = services.outbox_settle(
+            message_id=message_id, delivered=body.validated_data["delivered"],
+            by=f"api:{request.user.api_key.name}")
         return Response(OutboxSerializer(message).data, status=status.HTTP_200_OK)

@@ -28,6 +28,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.errors import ServiceError
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from runs.events import event_record
@@ -317,12 +318,8 @@ def outbox_kick() -> None:
     outbox_deliver_due.delay()
 
 
-class OutboxError(Exception):
+class OutboxError(ServiceError):
     """A refused outbox verb, with a stable code for the API."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 def outbox_deliver_next(*, owner: str) -> str | None:

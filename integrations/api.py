@@ -10,6 +10,7 @@ from agentplatform.api_errors import ApiError
 from . import services
 from .connectors import connector_get
 from .models import Credential
+from .selectors import credential_find, credential_list, credential_or_404
 
 
 class CredentialSerializer(serializers.ModelSerializer):
@@ -27,14 +28,13 @@ class CredentialList(APIView):
 
     @extend_schema(responses=CredentialSerializer(many=True))
     def get(self, request):
-        credentials = Credential.objects.order_by("connector", "label")
-        return Response({"results": CredentialSerializer(credentials, many=True).data})
+        return Response({"results": CredentialSerializer(credential_list(), many=True).data})
 
 
 class CredentialDetail(APIView):
     @extend_schema(responses=CredentialSerializer)
     def get(self, request, connector, label):
-        return Response(CredentialSerializer(_credential_or_404(connector, label)).data)
+        return Response(CredentialSerializer(credential_or_404(connector=connector, label=label)).data)
 
     @extend_schema(request=CredentialSetSerializer,
                    responses={200: CredentialSerializer, 201: CredentialSerializer})
@@ -45,28 +45,14 @@ class CredentialDetail(APIView):
             connector_get(connector)
         except LookupError:
             raise ApiError("unknown_connector", f"There is no connector named {connector!r}.") from None
-        existed = Credential.objects.filter(connector=connector, label=label).exists()
-        try:
-            credential = services.credential_set(
-                connector=connector, label=label, secrets=body.validated_data["secrets"])
-        except services.CredentialError as exc:
-            raise ApiError(exc.code, exc.message) from None
+        existed = credential_find(connector=connector, label=label) is not None
+        credential = services.credential_set(
+            connector=connector, label=label, secrets=body.validated_data["secrets"])
         return Response(CredentialSerializer(credential).data,
                         status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, connector, label):
         if not services.credential_delete(connector=connector, label=label):
-            raise _not_found()
+            raise ApiError("not_found", "No such credential.")
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-def _credential_or_404(connector: str, label: str) -> Credential:
-    credential = Credential.objects.filter(connector=connector, label=label).first()
-    if credential is None:
-        raise _not_found()
-    return credential
-
-
-def _not_found() -> ApiError:
-    return ApiError("not_found", "No such credential.", status.HTTP_404_NOT_FOUND)

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.db import connection, transaction
 from django_tenants.utils import get_public_schema_name
 
+from agentplatform.errors import ServiceError
 from tenants.models import Tenant
 from tenants.services import data_key_get
 
@@ -26,15 +27,13 @@ SECRETS_MAX_BYTES = 16 * 1024
 NONCE_BYTES = 12
 
 
-class CredentialError(Exception):
+class CredentialError(ServiceError):
     """A credential that cannot be stored or opened; `code` is stable, the message for a person."""
 
     code = "credential_error"
 
     def __init__(self, message: str, *, code: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code or self.code
+        super().__init__(code or self.code, message)
 
 
 class CredentialNotFound(CredentialError, LookupError):

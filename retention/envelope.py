@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from agentplatform.errors import ServiceError
+
 MAGIC = b"agentplatform-archive/1\n"
 NONCE_BYTES = 12
 
 
-class ArchiveError(Exception):
-    """An archive that cannot be written or read; `code` is stable, the message is for a person."""
+class ArchiveError(ServiceError):
+    """An archive that cannot be written or read; `code` is stable, the message is for a person.
+    Each subclass names its code."""
 
     code = "archive_error"
+
+    def __init__(self, message: str):
+        super().__init__(self.code, message)
 
 
 class ArchiveCorrupt(ArchiveError):

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentplatform.errors import ServiceError
 from approvals.services import inbound_events_prune
 from runs.agents import RetentionPolicy
 from runs.models import Checkpoint, Run
@@ -49,8 +50,11 @@ class ArchiveRaced(ArchiveError):
     code = "archive_raced"
 
 
-class RetentionError(Exception):
-    pass
+class RetentionError(ServiceError):
+    """A retention setting or key retirement refused, with a message for the operator."""
+
+    def __init__(self, message: str):
+        super().__init__("retention_refused", message)
 
 
 @dataclass
@@ -207,7 +211,7 @@ def archive_restore(*, tenant: Tenant, run_id: UUID) -> dict:
     """Fetch, verify and decrypt a run's archive; its history, read-only, as the API shows it."""
     archive = Archive.objects.filter(run_id=run_id, status=Archive.Status.ARCHIVED).first()
     if archive is None:
-        raise ArchiveNotFound(f"run {run_id} has no archive")
+        raise ArchiveNotFound("This run has no archive.")
     rows = archive_read(archive=archive, tenant=tenant)
     return {
         **selectors.history_from_rows(rows),

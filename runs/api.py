@@ -1,17 +1,19 @@
-"""REST API for runs (`/api/v1/`). The tenant was selected by the API key before any view runs."""
+"""REST API for runs (`/api/v1/`). The tenant was selected by the API key before any view runs.
+Reads come from runs.selectors, writes from runs.services; their ServiceErrors are answered by
+agentplatform.api_errors' handler."""
 
-from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError, service_error
+from agentplatform.api_errors import ApiError
 
 from . import services
 from .agents import registry
 from .models import Checkpoint, Run, RunEvent
+from .selectors import checkpoint_list, run_event_list, run_list, run_or_404
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -77,13 +79,6 @@ class ByVisit(InOrder):
     ordering = "visit"
 
 
-def run_or_404(run_id) -> Run:
-    run = Run.objects.filter(id=run_id).first()
-    if run is None:  # another tenant's run does not exist in this schema: 404, never 403
-        raise ApiError("not_found", "No such run.", status.HTTP_404_NOT_FOUND)
-    return run
-
-
 class RunListCreate(generics.ListAPIView):
     serializer_class = RunSerializer
     pagination_class = NewestFirst
@@ -95,16 +90,9 @@ class RunListCreate(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        query = Q()
-        if statuses := self.request.query_params.get("status"):
-            wanted = statuses.split(",")
-            unknown = set(wanted) - set(Run.Status.values)
-            if unknown:
-                raise ApiError("invalid_filter", f"unknown status {sorted(unknown)}")
-            query &= Q(status__in=wanted)
-        if agent := self.request.query_params.get("agent"):
-            query &= Q(agent=agent)
-        return Run.objects.filter(query)
+        statuses = self.request.query_params.get("status")
+        return run_list(statuses=statuses.split(",") if statuses else None,
+                        agent=self.request.query_params.get("agent"))
 
     @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer, 200: RunSerializer},
                    parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)])
@@ -114,10 +102,7 @@ class RunListCreate(generics.ListAPIView):
         key = request.headers.get("Idempotency-Key", "").strip() or None
         if key and len(key) > 255:
             raise ApiError("invalid_idempotency_key", "Idempotency-Key is longer than 255 characters")
-        try:
-            started = services.run_start(idempotency_key=key, **body.validated_data)
-        except services.RunError as exc:
-            raise service_error(exc) from None
+        started = services.run_start(idempotency_key=key, **body.validated_data)
         return Response(RunSerializer(started.run).data,
                         status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK)
 
@@ -132,10 +117,7 @@ class RunCancel(APIView):
     @extend_schema(request=None, responses=RunSerializer)
     def post(self, request, run_id):
         run_or_404(run_id)
-        try:
-            run = services.run_cancel(run_id=run_id)
-        except services.RunError as exc:
-            raise service_error(exc) from None
+        run = services.run_cancel(run_id=run_id)
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -145,10 +127,7 @@ class RunFork(APIView):
         run_or_404(run_id)
         body = ForkSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            fork = services.run_fork(run_id=run_id, **body.validated_data)
-        except services.RunError as exc:
-            raise service_error(exc) from None
+        fork = services.run_fork(run_id=run_id, **body.validated_data)
         return Response(RunSerializer(fork).data, status=status.HTTP_201_CREATED)
 
 
@@ -158,11 +137,8 @@ class RunMigrate(APIView):
         run_or_404(run_id)
         body = MigrateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            run = services.run_migrate(run_id=run_id, version=body.validated_data["version"],
-                                       by=f"api:{request.user.api_key.name}")
-        except services.RunError as exc:
-            raise service_error(exc) from None
+        run = services.run_migrate(run_id=run_id, version=body.validated_data["version"],
+                                   by=f"api:{request.user.api_key.name}")
         return Response(RunSerializer(run).data)
 
 
@@ -171,7 +147,7 @@ class RunEvents(generics.ListAPIView):
     pagination_class = InOrder
 
     def get_queryset(self):
-        return RunEvent.objects.filter(run=run_or_404(self.kwargs["run_id"]))
+        return run_event_list(run_id=self.kwargs["run_id"])
 
 
 class RunCheckpoints(generics.ListAPIView):
@@ -179,16 +155,13 @@ class RunCheckpoints(generics.ListAPIView):
     pagination_class = ByVisit
 
     def get_queryset(self):
-        return Checkpoint.objects.filter(run=run_or_404(self.kwargs["run_id"]))
+        return checkpoint_list(run_id=self.kwargs["run_id"])
 
 
 class CheckpointState(APIView):
     def get(self, request, run_id, visit):
         run_or_404(run_id)
-        try:
-            return Response(services.checkpoint_state(run_id=run_id, visit=visit))
-        except services.RunError as exc:
-            raise service_error(exc) from None
+        return Response(services.checkpoint_state(run_id=run_id, visit=visit))
 
 
 class AgentList(APIView):

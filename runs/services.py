@@ -12,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
+from agentplatform.errors import ServiceError
 from dispatch.models import Wakeup
 from dispatch.services import dispatch_ready, ready_clear, ready_mark
 
@@ -21,12 +22,8 @@ from .models import Branch, Checkpoint, LogEntry, Run
 from .state import StateTooLarge, state_merge
 
 
-class RunError(Exception):
+class RunError(ServiceError):
     """A run operation that cannot be done; `code` is stable, `message` is for a person."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 @dataclass(frozen=True)

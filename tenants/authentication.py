@@ -3,13 +3,10 @@
 from django.db import connection
 from rest_framework import authentication, exceptions, permissions
 
+# The module, not its names: it imports rest_framework.views, which imports this module.
+from agentplatform import api_errors
+
 from .services import ApiKeyRejected, api_key_authenticate
-
-
-class ApiKeyFailed(exceptions.APIException):
-    def __init__(self, rejected: ApiKeyRejected):
-        super().__init__(detail=rejected.message, code=rejected.code)
-        self.status_code = rejected.http_status
 
 
 class TenantPrincipal:
@@ -32,12 +29,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             raise exceptions.NotAuthenticated("Send your API key as 'Authorization: Bearer <key>'.")
         if scheme.lower() != "bearer" or not presented.strip():
-            raise ApiKeyFailed(ApiKeyRejected(
-                "invalid_api_key", "Use 'Authorization: Bearer <key>'.", 401))
+            raise api_errors.ApiError("invalid_api_key", "Use 'Authorization: Bearer <key>'.")
         try:
             key = api_key_authenticate(presented=presented.strip())
-        except ApiKeyRejected as rejected:
-            raise ApiKeyFailed(rejected) from None
+        except ApiKeyRejected as rejected:  # an APIException here, so DRF marks the request anonymous
+            raise api_errors.service_error(rejected) from None
         connection.set_tenant(key.tenant)  # reset to public by PublicSchemaMiddleware
         request.tenant = key.tenant
         return TenantPrincipal(key), key

@@ -11,6 +11,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
+from agentplatform.errors import ServiceError
+
 from . import keys
 from .models import ApiKey, Tenant, TenantKey
 
@@ -20,8 +22,11 @@ API_KEY = re.compile(r"^ap_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
-class TenantError(Exception):
+class TenantError(ServiceError):
     """A tenant operation that cannot be done, with a message meant for a person."""
+
+    def __init__(self, message: str, *, code: str = "tenant_error"):
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)
@@ -91,26 +96,24 @@ def api_key_revoke(*, key: ApiKey) -> None:
     ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=timezone.now())
 
 
-class ApiKeyRejected(Exception):
-    def __init__(self, code: str, message: str, http_status: int):
-        super().__init__(message)
-        self.code, self.message, self.http_status = code, message, http_status
+class ApiKeyRejected(ServiceError):
+    """A presented API key that selects no tenant (the API answers 401, or 403 if suspended)."""
 
 
 def api_key_authenticate(*, presented: str) -> ApiKey:
     """Find the tenant a presented key belongs to, or raise `ApiKeyRejected`."""
     match = API_KEY.match(presented)
     if not match:
-        raise ApiKeyRejected("invalid_api_key", "The API key is malformed.", 401)
+        raise ApiKeyRejected("invalid_api_key", "The API key is malformed.")
     key = ApiKey.objects.select_related("tenant").filter(prefix=match.group(1)).first()
     # Compare digests in constant time; an unknown prefix still pays for one comparison.
     expected = key.key_hash if key else "0" * 64
     if not hmac.compare_digest(expected, _digest(presented)) or key is None:
-        raise ApiKeyRejected("invalid_api_key", "The API key is not valid.", 401)
+        raise ApiKeyRejected("invalid_api_key", "The API key is not valid.")
     if key.revoked_at is not None:
-        raise ApiKeyRejected("api_key_revoked", "The API key has been revoked.", 401)
+        raise ApiKeyRejected("api_key_revoked", "The API key has been revoked.")
     if not key.tenant.is_active:
-        raise ApiKeyRejected("tenant_suspended", "The tenant is suspended.", 403)
+        raise ApiKeyRejected("tenant_suspended", "The tenant is suspended.")
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
@@ -134,7 +137,8 @@ def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, by
     rows = tenant.data_keys.order_by("-version")
     row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
     if row is None:
-        raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}")
+        raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}",
+                          code="data_key_missing")
     master = keys.master_key()
     if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
         raise keys.KeyUnwrapError(

@@ -6,10 +6,9 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import ApiError
-
 from . import services
 from .models import GmailConnection, SlackConnection
+from .selectors import gmail_connection_list, slack_connection_list
 
 
 class SlackConnectionSerializer(serializers.ModelSerializer):
@@ -53,17 +52,14 @@ class GmailConnectionSerializer(serializers.ModelSerializer):
 def _create(request, serializer_class, create):
     body = serializer_class(data=request.data, context={"request": request})
     body.is_valid(raise_exception=True)
-    try:
-        connection = create(tenant=request.tenant, **body.validated_data)
-    except services.WebhookRejected as exc:
-        raise ApiError(exc.code, exc.message, exc.http_status) from None
+    connection = create(tenant=request.tenant, **body.validated_data)
     return Response(serializer_class(connection, context={"request": request}).data,
                     status=status.HTTP_201_CREATED)
 
 
 class SlackConnectionListCreate(APIView):
     def get(self, request):
-        rows = SlackConnection.objects.filter(tenant=request.tenant).order_by("created_at")
+        rows = slack_connection_list(tenant=request.tenant)
         return Response(SlackConnectionSerializer(rows, many=True,
                                                   context={"request": request}).data)
 
@@ -73,7 +69,7 @@ class SlackConnectionListCreate(APIView):
 
 class GmailConnectionListCreate(APIView):
     def get(self, request):
-        rows = GmailConnection.objects.filter(tenant=request.tenant).order_by("created_at")
+        rows = gmail_connection_list(tenant=request.tenant)
         return Response(GmailConnectionSerializer(rows, many=True,
                                                   context={"request": request}).data)
 
@@ -85,7 +81,6 @@ class ConnectionDelete(APIView):
     model = None
 
     def delete(self, request, connection_id):
-        deleted, _ = self.model.objects.filter(tenant=request.tenant, id=connection_id).delete()
-        if not deleted:
-            raise ApiError("not_found", "No such connection.", status.HTTP_404_NOT_FOUND)
+        services.connection_delete(model=self.model, tenant=request.tenant,
+                                   connection_id=connection_id)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -12,13 +12,13 @@ import time
 import jwt
 from django.conf import settings
 
+from agentplatform.errors import ServiceError
+
 ISSUERS = ["accounts.google.com", "https://accounts.google.com"]
 
 
-class TokenRejected(Exception):
-    def __init__(self, code: str, message: str, http_status: int = 401):
-        super().__init__(message)
-        self.code, self.message, self.http_status = code, message, http_status
+class TokenRejected(ServiceError):
+    """A push's OIDC token refused (or Google's keys out of reach); the code says which."""
 
 
 _lock = threading.Lock()
@@ -52,7 +52,7 @@ def signing_keys(*, refresh: bool = False) -> dict:
                 jwks = jwt.PyJWKSet.from_dict(_jwks_load())
             except Exception as exc:
                 raise TokenRejected("oidc_keys_unavailable",
-                                    f"Google's signing keys are unavailable: {exc}", 503) from exc
+                                    f"Google's signing keys are unavailable: {exc}") from exc
             _cache.update(source=source, fetched=time.monotonic(),
                           keys={k.key_id: k.key for k in jwks.keys})
         return _cache["keys"]
@@ -78,5 +78,5 @@ def google_token_verify(*, token: str, audience: str, email: str) -> dict:
         raise TokenRejected("invalid_token", f"The token is not valid: {exc}") from None
     if claims.get("email") != email or claims.get("email_verified") is not True:
         raise TokenRejected("wrong_identity",
-                            "The token was not issued to this connection's service account.", 403)
+                            "The token was not issued to this connection's service account.")
     return claims

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from agentplatform.errors import ServiceError
 from approvals.services import ApprovalError, approval_decide, event_deliver
 from tenants.models import Tenant
 
@@ -46,12 +47,9 @@ from .sealing import secret_open, secret_seal
 log = logging.getLogger(__name__)
 
 
-class WebhookRejected(Exception):
-    """A delivery refused before anything was recorded; `http_status` goes to the sender."""
-
-    def __init__(self, code: str, message: str, http_status: int):
-        super().__init__(message)
-        self.code, self.message, self.http_status = code, message, http_status
+class WebhookRejected(ServiceError):
+    """A delivery or connection refused before anything was recorded; the sender is answered
+    with the status api_errors maps its code to."""
 
 
 # -- connections -----------------------------------------------------------------------------
@@ -63,10 +61,10 @@ def _slack_secret_binding(connection_id: uuid.UUID) -> str:
 def slack_connection_create(*, tenant: Tenant, team_id: str, signing_secret: str,
                             approvals_channel: str = "") -> SlackConnection:
     if not signing_secret:
-        raise WebhookRejected("invalid_request", "signing_secret is required.", 400)
+        raise WebhookRejected("invalid_request", "signing_secret is required.")
     if SlackConnection.objects.filter(tenant=tenant, team_id=team_id).exists():
         raise WebhookRejected("team_already_connected",
-                              f"Slack team {team_id} is already connected.", 409)
+                              f"Slack team {team_id} is already connected.")
     connection_id = uuid.uuid4()
     sealed, version = secret_seal(tenant=tenant, plaintext=signing_secret,
                                   bound_to=_slack_secret_binding(connection_id))
@@ -76,7 +74,7 @@ def slack_connection_create(*, tenant: Tenant, team_id: str, signing_secret: str
             data_key_version=version, approvals_channel=approvals_channel)
     except IntegrityError:
         raise WebhookRejected("team_already_connected",
-                              f"Slack team {team_id} is already connected.", 409) from None
+                              f"Slack team {team_id} is already connected.") from None
 
 
 def gmail_connection_create(*, tenant: Tenant, email: str, audience: str,
@@ -89,7 +87,15 @@ def gmail_connection_create(*, tenant: Tenant, email: str, audience: str,
                 service_account_email=service_account_email)
     except IntegrityError:
         raise WebhookRejected("mailbox_already_connected",
-                              f"Mailbox {email} is already connected.", 409) from None
+                              f"Mailbox {email} is already connected.") from None
+
+
+def connection_delete(*, model: type[SlackConnection] | type[GmailConnection], tenant: Tenant,
+                      connection_id: uuid.UUID) -> None:
+    """Disconnect one of the tenant's Slack workspaces or mailboxes; not_found if it has none."""
+    deleted, _ = model.objects.filter(tenant=tenant, id=connection_id).delete()
+    if not deleted:
+        raise WebhookRejected("not_found", "No such connection.")
 
 
 def slack_signing_secret(connection: SlackConnection) -> str:
@@ -110,20 +116,18 @@ def slack_request_verify(*, connection: SlackConnection, timestamp: str | None,
     """Slack's v0 request signing, and a timestamp within the window either way (replays)."""
     if not timestamp or not signature:
         raise WebhookRejected("missing_signature",
-                              "X-Slack-Signature and X-Slack-Request-Timestamp are required.", 401)
+                              "X-Slack-Signature and X-Slack-Request-Timestamp are required.")
     try:
         sent = int(timestamp)
     except ValueError:
-        raise WebhookRejected("invalid_timestamp", "X-Slack-Request-Timestamp is not a number.",
-                              401) from None
+        raise WebhookRejected("invalid_timestamp", "X-Slack-Request-Timestamp is not a number.") from None
     now = time.time() if now is None else now
     if abs(now - sent) > settings.SLACK_TIMESTAMP_WINDOW_SECONDS:
-        raise WebhookRejected("stale_timestamp", "The request timestamp is outside the window.",
-                              401)
+        raise WebhookRejected("stale_timestamp", "The request timestamp is outside the window.")
     expected = slack_signature(secret=slack_signing_secret(connection), timestamp=timestamp,
                                body=body)
     if not hmac.compare_digest(expected.encode(), signature.encode()):
-        raise WebhookRejected("invalid_signature", "The request signature does not match.", 401)
+        raise WebhookRejected("invalid_signature", "The request signature does not match.")
 
 
 def _slack_object(value: Any, name: str) -> dict:
@@ -131,7 +135,7 @@ def _slack_object(value: Any, name: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebhookRejected("malformed_body", f"event.{name} is not an object.", 400)
+        raise WebhookRejected("malformed_body", f"event.{name} is not an object.")
     return value
 
 
@@ -157,7 +161,7 @@ def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise WebhookRejected("malformed_body", "The body is not JSON.", 400) from None
+        raise WebhookRejected("malformed_body", "The body is not JSON.") from None
 
 
 def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> Accepted:
@@ -169,19 +173,19 @@ def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> 
                          signature=headers.get("X-Slack-Signature"))
     payload = _json(body)
     if not isinstance(payload, dict):
-        raise WebhookRejected("malformed_body", "The body is not a JSON object.", 400)
+        raise WebhookRejected("malformed_body", "The body is not a JSON object.")
     if payload.get("type") == "url_verification":
         return Accepted(challenge=str(payload.get("challenge", "")))
     if payload.get("type") != "event_callback":
         return Accepted()  # app_rate_limited and friends: nothing to resume
     event_id, event = payload.get("event_id"), payload.get("event")
     if not isinstance(event_id, str) or not event_id or not isinstance(event, dict):
-        raise WebhookRejected("malformed_body", "event_callback needs event_id and event.", 400)
+        raise WebhookRejected("malformed_body", "event_callback needs event_id and event.")
     if len(event_id) > SlackEventSeen._meta.get_field("event_id").max_length:
-        raise WebhookRejected("malformed_body", "event_id is too long.", 400)
+        raise WebhookRejected("malformed_body", "event_id is too long.")
     slack_event_route(event)  # refused now, not retried forever by the inbox
     if payload.get("team_id") != connection.team_id:
-        raise WebhookRejected("wrong_team", "The event is for another Slack team.", 403)
+        raise WebhookRejected("wrong_team", "The event is for another Slack team.")
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -206,18 +210,16 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
     try:
         payload = json.loads(parse_qs(body.decode())["payload"][0])
     except (KeyError, IndexError, ValueError, UnicodeDecodeError):
-        raise WebhookRejected("malformed_body", "Expected a form field `payload` with JSON.",
-                              400) from None
+        raise WebhookRejected("malformed_body", "Expected a form field `payload` with JSON.") from None
     if not isinstance(payload, dict):
-        raise WebhookRejected("malformed_body", "`payload` is not a JSON object.", 400)
+        raise WebhookRejected("malformed_body", "`payload` is not a JSON object.")
     team, user, actions = (payload.get("team") or {}, payload.get("user") or {},
                            payload.get("actions") or [])
     if not (isinstance(team, dict) and isinstance(user, dict) and isinstance(actions, list)
             and all(isinstance(action, dict) for action in actions)):
-        raise WebhookRejected("malformed_body", "team, user and each action must be objects.",
-                              400)
+        raise WebhookRejected("malformed_body", "team, user and each action must be objects.")
     if team.get("id") != connection.team_id:
-        raise WebhookRejected("wrong_team", "The interaction is for another Slack team.", 403)
+        raise WebhookRejected("wrong_team", "The interaction is for another Slack team.")
     if payload.get("type") != "block_actions":
         return 0
     user = user.get("id", "")
@@ -256,28 +258,27 @@ def gmail_push_accept(*, connection: GmailConnection, body: bytes, authorization
     recorded once by messageId and handed to a worker. Returns False for a duplicate."""
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise WebhookRejected("missing_token", "Send the push's OIDC token as a Bearer token.", 401)
+        raise WebhookRejected("missing_token", "Send the push's OIDC token as a Bearer token.")
     try:
         google_token_verify(token=token.strip(), audience=connection.audience,
                             email=connection.service_account_email)
     except TokenRejected as exc:
-        raise WebhookRejected(exc.code, exc.message, exc.http_status) from None
+        raise WebhookRejected(exc.code, exc.message) from None
     envelope = _json(body)
     message = envelope.get("message") if isinstance(envelope, dict) else None
     if not isinstance(message, dict):
-        raise WebhookRejected("malformed_body", "Expected a Pub/Sub push envelope.", 400)
+        raise WebhookRejected("malformed_body", "Expected a Pub/Sub push envelope.")
     message_id = message.get("messageId") or message.get("message_id")
     try:
         data = json.loads(base64.b64decode(message.get("data") or "", validate=True))
         mailbox, history_id = str(data["emailAddress"]).strip().lower(), data["historyId"]
     except (binascii.Error, ValueError, TypeError, KeyError, UnicodeDecodeError):
         raise WebhookRejected("malformed_body",
-                              "message.data must be base64 JSON with emailAddress and historyId.",
-                              400) from None
+                              "message.data must be base64 JSON with emailAddress and historyId.") from None
     if not isinstance(message_id, str) or not message_id:
-        raise WebhookRejected("malformed_body", "message.messageId is required.", 400)
+        raise WebhookRejected("malformed_body", "message.messageId is required.")
     if mailbox != connection.email:
-        raise WebhookRejected("wrong_mailbox", "The notification is for another mailbox.", 403)
+        raise WebhookRejected("wrong_mailbox", "The notification is for another mailbox.")
     with transaction.atomic():
         try:
             with transaction.atomic():

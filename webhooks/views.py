@@ -8,30 +8,33 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from agentplatform.api_errors import status_for
+
 from . import services
 from .models import GmailConnection, SlackConnection
+from .selectors import connection_receiving
 
 log = logging.getLogger(__name__)
 
 
-def _error(code: str, message: str, status: int) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+def _error(code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status_for(code))
 
 
 def _rejected(kind: str, connection_id, exc: services.WebhookRejected) -> JsonResponse:
     log.warning("%s webhook %s rejected: %s", kind, connection_id, exc.code)
-    return _error(exc.code, exc.message, exc.http_status)
+    return _error(exc.code, exc.message)
 
 
 def _not_found():
-    return _error("not_found", "No such connection.", 404)
+    return _error("not_found", "No such connection.")
 
 
 @csrf_exempt
 @require_POST
 def slack_events(request, connection_id):
-    connection = SlackConnection.objects.select_related("tenant").filter(id=connection_id).first()
-    if connection is None or not connection.tenant.is_active:
+    connection = connection_receiving(model=SlackConnection, connection_id=connection_id)
+    if connection is None:
         return _not_found()
     try:
         accepted = services.slack_event_accept(connection=connection, body=request.body,
@@ -46,8 +49,8 @@ def slack_events(request, connection_id):
 @csrf_exempt
 @require_POST
 def slack_interactivity(request, connection_id):
-    connection = SlackConnection.objects.select_related("tenant").filter(id=connection_id).first()
-    if connection is None or not connection.tenant.is_active:
+    connection = connection_receiving(model=SlackConnection, connection_id=connection_id)
+    if connection is None:
         return _not_found()
     try:
         services.slack_interaction_accept(connection=connection, body=request.body,
@@ -60,8 +63,8 @@ def slack_interactivity(request, connection_id):
 @csrf_exempt
 @require_POST
 def gmail_push(request, connection_id):
-    connection = GmailConnection.objects.select_related("tenant").filter(id=connection_id).first()
-    if connection is None or not connection.tenant.is_active:
+    connection = connection_receiving(model=GmailConnection, connection_id=connection_id)
+    if connection is None:
         return _not_found()
     try:
         services.gmail_push_accept(connection=connection, body=request.body,
