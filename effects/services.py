@@ -28,6 +28,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
@@ -308,14 +309,13 @@ def outbox_enqueue(*, run_id: UUID, name: str, connector: str, args: dict) -> Ou
         defaults={"run_id": run_id, "name": name, "connector": connector, "args": args,
                   "next_attempt_at": timezone.now()},
     )
-    transaction.on_commit(outbox_kick)
+    outbox_kick()
     return message
 
 
 def outbox_kick() -> None:
-    from .tasks import outbox_deliver_due
-
-    outbox_deliver_due.delay()
+    """Ring the outbox deliverer once the caller's transaction commits."""
+    doorbell_ring("effects.outbox_deliver_due")
 
 
 class OutboxError(ServiceError):
@@ -465,7 +465,7 @@ def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage
         event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,
                      name=message.name, delivered=delivered, by=by)
         if not delivered:
-            transaction.on_commit(outbox_kick)
+            outbox_kick()
     return message
 
 
