@@ -48,7 +48,9 @@ TENANT_APPS = [
     "retention",
     "sandboxes",
 ]
-INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
+INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS] + [
+    "agentplatform.apps.PlatformConfig",  # the composition root: wires the engine's ports, last
+]
 
 TENANT_MODEL = "tenants.Tenant"
 TENANT_DOMAIN_MODEL = "tenants.Domain"

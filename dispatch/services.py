@@ -16,6 +16,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
+from agentplatform.doorbell import doorbell_ring
+
 from .models import ReadyRun, Wakeup
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,6 @@ def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
 
 def dispatch_ready(*, budget: int | None = None) -> int:
     """Pick the next ready runs in fair order and ring their doorbells. Returns how many."""
-    from runs.tasks import advance, advance_branch
-
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
@@ -107,16 +107,11 @@ def dispatch_ready(*, budget: int | None = None) -> int:
             [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
         )
         picked = cursor.fetchall()
-
-        def ring():
-            for schema, run_id, branch in picked:
-                headers = {"_schema_name": schema}
-                if branch < 0:
-                    advance.apply_async(args=[str(run_id)], headers=headers)
-                else:
-                    advance_branch.apply_async(args=[str(run_id), branch], headers=headers)
-
-        transaction.on_commit(ring)
+        for schema, run_id, branch in picked:  # each rings once the pick commits
+            if branch < 0:
+                doorbell_ring("runs.advance", [str(run_id)], schema=schema)
+            else:
+                doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema)
     return len(picked)
 
 

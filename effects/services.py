@@ -16,7 +16,6 @@ outcome, and an expired claim or a failure that may have been sent follows the s
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -28,9 +27,18 @@ from django.db.models import F, Q
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
+from runs.engine.ports import (
+    BudgetExceeded,
+    EffectError,
+    EffectRefused,
+    NeedsPerson,
+    Scope,
+    idempotency_key,
+)
 from runs.events import event_record
 from runs.models import Branch, Run
 
@@ -38,41 +46,6 @@ from .models import Effect, OutboxMessage
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentplatform.effects")
-
-
-class EffectError(Exception):
-    """Raised into the step: the step's retry policy decides what happens next."""
-
-
-class EffectRefused(EffectError):
-    """Not retryable: the step broke a rule of the ledger or the receiver said no for good."""
-
-
-class NeedsPerson(Exception):
-    """The run must park until a person decides; the engine turns this into an approval."""
-
-    def __init__(self, kind: str, request: dict):
-        super().__init__(request.get("title", kind))
-        self.kind, self.request = kind, request
-
-
-class BudgetExceeded(Exception):
-    def __init__(self, message: str):
-        super().__init__(message)
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Where an effect happens: which run, which step visit (or branch), under which lease."""
-
-    run_id: UUID
-    key: str  # "7" or "7/b3"
-    epoch: int  # the run's lease epoch, or the branch's own when `branch` is set
-    branch: int | None = None  # a fan-out branch's index: fenced on that branch's lease
-
-
-def idempotency_key(*, schema: str, run_id: UUID, scope: str, name: str) -> str:
-    return hashlib.sha256(f"{schema}:{run_id}:{scope}:{name}".encode()).hexdigest()[:48]
 
 
 def args_digest(args: dict) -> str:
@@ -308,14 +281,13 @@ def outbox_enqueue(*, run_id: UUID, name: str, connector: str, args: dict) -> Ou
         defaults={"run_id": run_id, "name": name, "connector": connector, "args": args,
                   "next_attempt_at": timezone.now()},
     )
-    transaction.on_commit(outbox_kick)
+    outbox_kick()
     return message
 
 
 def outbox_kick() -> None:
-    from .tasks import outbox_deliver_due
-
-    outbox_deliver_due.delay()
+    """Ring the outbox deliverer once the caller's transaction commits."""
+    doorbell_ring("effects.outbox_deliver_due")
 
 
 class OutboxError(ServiceError):
@@ -465,7 +437,7 @@ def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage
         event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,
                      name=message.name, delivered=delivered, by=by)
         if not delivered:
-            transaction.on_commit(outbox_kick)
+            outbox_kick()
     return message
 
 

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
 from approvals.services import ApprovalError, approval_decide, event_deliver
 from tenants.models import Tenant
@@ -300,18 +301,13 @@ def _inbox_put(*, tenant: Tenant, kind: str, source_id: str, payload: dict) -> I
     ring its doorbell once that commits."""
     item = InboxItem.objects.create(tenant=tenant, kind=kind, source_id=source_id,
                                     payload=payload)
-    transaction.on_commit(lambda: _inbox_ring(item.id), robust=True)
+    _inbox_ring(item.id)
     return item
 
 
 def _inbox_ring(item_id: int) -> None:
-    from .tasks import inbox_deliver
-
-    try:
-        inbox_deliver.delay(item_id)  # public schema: the item names its tenant
-    except Exception:  # the broker is away: the item is stored, the sweep delivers it
-        log.warning("inbox item %s: doorbell not rung; the sweep delivers it", item_id,
-                    exc_info=True)
+    # public schema: the item names its tenant; a broker that is away: the sweep delivers it
+    doorbell_ring("webhooks.inbox_deliver", [item_id], robust=True)
 
 
 def _inbox_work(item: InboxItem) -> str:

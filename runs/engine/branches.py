@@ -11,7 +11,6 @@ from django.db.models import F
 from django.utils import timezone
 
 from dispatch.services import ready_clear, ready_defer, ready_mark
-from effects.services import BudgetExceeded, NeedsPerson
 
 from ..events import event_record
 from ..leases import leases
@@ -20,6 +19,7 @@ from ..transitions import Fail, Finish
 from .claims import agent_for, poison_reason
 from .harness import Harness
 from .outcome import Outcome, StepError, worker_id
+from .ports import BudgetExceeded, NeedsPerson
 from .store import branch_claim, branch_fence, checkpoint_at
 from .writer import Position
 

@@ -19,6 +19,7 @@ from ..leases import leases
 from ..models import Run
 from .harness import Harness
 from .outcome import CheckpointWriteFailed, LeaseLost, Outcome, worker_id
+from .ports import ports
 from .store import checkpoint_latest, run_claim, run_fence, run_unclaim
 
 log = logging.getLogger("runs.engine")
@@ -61,9 +62,7 @@ def run_end_cancelled(*, run: Run, epoch: int) -> Outcome:
         event_record(run_id=run.id, kind="run_cancelled", steps_taken=run.steps_taken)
         ready_clear(run_id=run.id)
         if run.parent_id:
-            from runs.services import child_report
-
-            child_report(run_id=run.id, status=Run.Status.CANCELLED, result=None,
+            ports().parking["child_report"](run_id=run.id, status=Run.Status.CANCELLED, result=None,
                          error="cancelled")
     return Outcome.ENDED
 

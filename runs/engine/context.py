@@ -7,12 +7,11 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from effects.services import BudgetExceeded, NeedsPerson
-
 from ..agents import Agent
 from ..models import Branch, Run
 from ..state import LogView
 from .outcome import CheckpointWriteFailed, LeaseLost
+from .ports import BudgetExceeded, NeedsPerson, Scope, ports
 from .writer import CheckpointWriter
 
 # Raised to the harness through a step: a step's own `except Exception` cannot swallow them,
@@ -47,10 +46,8 @@ class StepContext:
     def sandbox(self):
         """The run's jailed workspace (sandboxes/), opened on first use in this step."""
         if self._sandbox is None:
-            from sandboxes.services import SandboxSession
-
-            self._sandbox = SandboxSession(run_id=self.run_id, visit=self.visit,
-                                           scope=self.scope)
+            self._sandbox = ports().sandbox_session(run_id=self.run_id, visit=self.visit,
+                                                    scope=self.scope)
         return self._sandbox
 
     def step_completed(self) -> None:
@@ -64,33 +61,29 @@ class StepContext:
     def effect(self, name: str, connector: str, **args) -> Any:
         """Do something externally visible exactly once per (run, step visit, name): a re-run
         of this step gets the recorded result instead of acting again."""
-        from effects.services import effect_perform
-
         with self._interrupting():
             self.barrier()  # the state this effect depends on is durable before it happens
-            return effect_perform(scope=self._effect_scope(), name=name, connector=connector,
+            return ports().effect_perform(scope=self._effect_scope(), name=name, connector=connector,
                                   args=args)
 
     def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
               max_tokens: int = 1024, **options) -> dict:
         """A chat-completion call through the `model` connector: an effect, so a recorded
         call is never made (or paid for) twice; refused before sending if over budget."""
-        from effects.services import budget_checker, effect_perform
-
+        effects = ports()
         self._models += 1
         args = {"messages": messages, "max_tokens": max_tokens, **options}
         if model:
             args["model"] = model
         with self._interrupting():
             self.barrier()
-            return effect_perform(
+            return effects.effect_perform(
                 scope=self._effect_scope(), name=name or f"model-{self._models}",
                 connector="model", args=args,
-                budget_check=budget_checker(run_id=self.run_id, requested_tokens=max_tokens))
+                budget_check=effects.budget_checker(run_id=self.run_id,
+                                                    requested_tokens=max_tokens))
 
-    def _effect_scope(self):
-        from effects.services import Scope
-
+    def _effect_scope(self) -> Scope:
         epoch, branch_id = self._fence
         return Scope(self.run_id, self.scope, epoch, branch=branch_id)
 

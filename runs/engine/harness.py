@@ -10,7 +10,6 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from dispatch.services import ready_clear, ready_mark, ready_requeue
-from effects.services import BudgetExceeded, EffectRefused, NeedsPerson, idempotency_key
 
 from ..agents import Agent, Step
 from ..events import event_record
@@ -31,6 +30,7 @@ from ..transitions import (
 from .context import INTERRUPTS, StepContext
 from .outcome import Outcome, StepError
 from .parking import park_reason, waiting_of
+from .ports import BudgetExceeded, EffectRefused, NeedsPerson, idempotency_key, ports
 from .writer import CheckpointWriter, Position, position_load
 
 tracer = trace.get_tracer("agentplatform.runs")
@@ -229,16 +229,12 @@ class Harness:
                          result=result, steps_taken=run.steps_taken)
             ready_clear(run_id=run.id)
             if run.parent_id:  # a child run reports to the parent waiting on it
-                from runs.services import child_report
-
-                child_report(run_id=run.id, status=status, result=result, error=error)
+                ports().parking["child_report"](run_id=run.id, status=status, result=result, error=error)
         return Outcome.ENDED
 
     def _park_for_person(self, position: Position, kind: str, request: dict) -> Outcome:
         """Park before the step that needs a person; on the decision it runs again at the same
         visit, so its recorded effects replay and only the undecided one is settled."""
-        from approvals.services import approval_open
-
         run = self.run
         # Its checkpoint predates the step (append-only): the approval row is the record, and
         # a fork here runs the step again, its effects under new keys and its budget as started.
@@ -250,15 +246,14 @@ class Harness:
             ready_clear(run_id=run.id)
             event_record(run_id=run.id, kind="run_parked", visit=position.visit,
                          reason=request["title"])
-            approval_open(run=run, visit=position.visit, request=request, then=position.step,
-                          on_timeout=None, timeout=None, kind=kind)
+            ports().parking["approval"](run=run, visit=position.visit, request=request,
+                                        then=position.step, on_timeout=None, timeout=None,
+                                        kind=kind)
         return Outcome.PARKED
 
     def _park(self, position: Position, transition: Transition) -> Outcome:
         """Leave the worker: the run becomes rows (a checkpoint, and what it waits on)."""
-        from approvals import services as parking
-        from runs.services import run_start
-
+        parking = ports().parking
         run, visit = self.run, position.visit
         reason, due = park_reason(transition)
         with transaction.atomic():
@@ -272,20 +267,21 @@ class Harness:
             match transition:
                 case WaitForApproval(request=request, then=then, on_timeout=on_timeout,
                                      timeout=timeout):
-                    parking.approval_open(run=run, visit=visit, request=request, then=then,
-                                          on_timeout=on_timeout, timeout=timeout)
+                    parking["approval"](run=run, visit=visit, request=request, then=then,
+                                        on_timeout=on_timeout, timeout=timeout)
                 case WaitForEvent(kind=kind, key=key, then=then, on_timeout=on_timeout,
                                   timeout=timeout, since=since):
-                    parking.gate_open(run=run, visit=visit, kind=kind, key=key, then=then,
-                                      on_timeout=on_timeout, timeout=timeout,
-                                      since=since or self.step_started_at)
+                    parking["event_gate"](run=run, visit=visit, kind=kind, key=key, then=then,
+                                          on_timeout=on_timeout, timeout=timeout,
+                                          since=since or self.step_started_at)
                 case Sleep():
-                    parking.wakeup_schedule(run_id=run.id, visit=visit, due_at=due)
+                    parking["timer"](run_id=run.id, visit=visit, due_at=due)
                 case RunChild(agent=agent, input=input, then=then, version=version):
-                    child = run_start(agent=agent, version=version, input=input,
-                                      parent_id=run.id, durability=run.durability).run
-                    parking.gate_open(run=run, visit=visit, kind="child_run", key=str(child.id),
-                                      then=then, on_timeout=None, timeout=None)
+                    child = parking["child_run"](agent=agent, version=version, input=input,
+                                                 parent_id=run.id, durability=run.durability).run
+                    parking["event_gate"](run=run, visit=visit, kind="child_run",
+                                          key=str(child.id), then=then, on_timeout=None,
+                                          timeout=None)
         return Outcome.PARKED
 
     def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:

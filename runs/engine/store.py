@@ -13,13 +13,13 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from effects.models import OutboxMessage
-from effects.services import outbox_kick
 
 from ..models import Branch, Checkpoint, LogEntry, Run
 from .outcome import LeaseLost
+from .ports import ports
 
 if TYPE_CHECKING:
     from .writer import Position
@@ -134,10 +134,8 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", **run_field
         [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
     ]
     row = _prepared(sql, params)
-    if outbox and not connection.in_atomic_block:
-        outbox_kick()  # committed: ring the dispatcher (an atomic caller rings on commit)
-    elif outbox:
-        transaction.on_commit(outbox_kick)
+    if outbox:
+        ports().outbox_kick()  # rings now if committed, else when the atomic caller commits
     if row is None:
         raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
                         f"(checkpoint {position.visit} not written)")

@@ -1,0 +1,34 @@
+"""The doorbell: every Celery enqueue goes through here, so services never import task modules.
+
+A task is sent by name once the caller's transaction commits (at once outside a transaction,
+or from a commit hook). The message carries the tenant schema header tenant-schemas-celery
+reads (`_schema_name`: the given schema, else the connection's at send time) and is routed by
+agentplatform.celery.task_route like any other send.
+"""
+
+import logging
+from collections.abc import Sequence
+
+from django.db import transaction
+
+from agentplatform.celery import app
+
+log = logging.getLogger(__name__)
+
+
+def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = None,
+                  robust: bool = False) -> None:
+    """Send `task_name(*args)` on commit. `robust`: a broker that is away is logged, not
+    raised (for work a sweep picks up anyway)."""
+    headers = None if schema is None else {"_schema_name": schema}
+
+    def send() -> None:
+        try:
+            app.send_task(task_name, args=list(args), headers=headers)
+        except Exception:
+            if not robust:
+                raise
+            log.warning("%s%s: doorbell not rung; the sweep sends it", task_name, list(args),
+                        exc_info=True)
+
+    transaction.on_commit(send)
