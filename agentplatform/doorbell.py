@@ -2,14 +2,14 @@
 
 A task is sent by name once the caller's transaction commits (at once outside a transaction,
 or from a commit hook). The message carries the tenant schema header tenant-schemas-celery
-reads (`_schema_name`: the given schema, else the connection's at send time) and is routed by
+reads (`_schema_name`: the given schema, else the connection's when rung) and is routed by
 agentplatform.celery.task_route like any other send.
 """
 
 import logging
 from collections.abc import Sequence
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agentplatform.celery import app
 
@@ -20,7 +20,9 @@ def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = N
                   robust: bool = False) -> None:
     """Send `task_name(*args)` on commit. `robust`: a broker that is away is logged, not
     raised (for work a sweep picks up anyway)."""
-    headers = None if schema is None else {"_schema_name": schema}
+    # The schema is taken now, not at commit: a transaction that outlives its tenant_context
+    # commits (and rings) after the connection went back to public.
+    headers = {"_schema_name": schema or connection.schema_name}
 
     def send() -> None:
         try:
