@@ -2,29 +2,12 @@
 
 import random
 
-import pytest
-
 from approvals.models import Approval
 from effects.models import Effect, OutboxMessage
 from runs import engine
 from runs.models import Run, RunEvent
 from runs.services import run_start
-from tests.effects.receiver import Receiver
 from tests.waiting import wait_for
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def plain_receiver():
-    server = Receiver(dedupe=False)
-    yield server
-    server.close()
 
 
 def finished(run_id):

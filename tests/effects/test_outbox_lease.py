@@ -9,31 +9,14 @@ are simply made again, and a person who says "it was delivered" can give the ste
 
 import time
 
-import pytest
-
 from approvals.models import Approval
 from effects.models import Effect, OutboxMessage
 from integrations.services import credential_set
 from runs import engine
 from runs.models import Run, RunEvent
 from runs.services import run_start
-from tests.effects.receiver import Receiver
 from tests.fakes.fixtures import fake_openai  # noqa: F401
 from tests.waiting import wait_for
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def plain_receiver():
-    server = Receiver(dedupe=False)
-    yield server
-    server.close()
 
 
 def finished(run_id):

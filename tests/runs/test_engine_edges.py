@@ -57,7 +57,7 @@ def test_a_database_error_in_a_step_stops_the_worker_instead_of_failing_the_run(
 def test_a_run_claimed_too_often_without_a_checkpoint_is_parked_for_a_person(in_acme):
     run = start("chatter", input={"steps": 2})
     for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):  # each claimer "died"
-        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=0.001)
+        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=-1)  # died
     assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
     run.refresh_from_db()
     assert run.status == "waiting" and "poison step" in run.waiting_reason
@@ -72,7 +72,7 @@ def test_a_run_claimed_too_often_without_a_checkpoint_is_parked_for_a_person(in_
 def test_every_checkpoint_resets_the_poison_count(in_acme):
     run = start("chatter", input={"steps": 30})
     for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):
-        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=0.001)
+        assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=-1)  # died
         # ...and each made progress: a checkpoint was written under its lease
         Run.objects.filter(id=run.id).update(claims_without_checkpoint=0)
     assert finished(run.id, slice_seconds=0).status == "succeeded"  # one claim per step
@@ -99,7 +99,7 @@ def test_branch_effects_are_fenced_on_the_branch_lease(in_acme, receiver):
 
 def test_a_worker_whose_lease_moved_on_cannot_start_another_attempt(in_acme):
     run = start("chatter")
-    epoch = engine.run_claim(run_id=run.id, owner="first", lease_seconds=0.001)
+    epoch = engine.run_claim(run_id=run.id, owner="first", lease_seconds=-1)  # died
     scope = Scope(run.id, "0", epoch)
     with pytest.raises(EffectError):  # nothing listens there: the attempt fails, retryable
         effect_perform(scope=scope, name="ping", connector="test_keyed",
