@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
-from dispatch.models import Wakeup
-from dispatch.services import dispatch_ready, ready_clear, ready_mark
+from runs.dispatch.models import Wakeup
+from runs.dispatch.services import dispatch_ready, ready_clear, ready_mark
 
 from .agents import UnknownAgent, registry
 from .events import event_record
@@ -143,7 +143,7 @@ def _cancel_locked(run: Run) -> None:
         Run.objects.filter(id=run.id).update(cancel_requested=True)
         event_record(run_id=run.id, kind="cancel_requested")
         return
-    from approvals.services import parked_cancel
+    from runs.approvals.services import parked_cancel
 
     now = timezone.now()
     Run.objects.filter(id=run.id).update(
@@ -236,7 +236,7 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
 
 def _fork_wait(fork: Run, visit: int, waiting: dict, *, enqueue: bool) -> None:
     """Open in the fork the wait its source parked on at `visit`, anew."""
-    from approvals import services as parking
+    from runs.approvals import services as parking
 
     def seconds(value):
         return timedelta(seconds=value) if value else None
@@ -287,7 +287,7 @@ def _fork_branches(fork: Run, branches: list[Branch], *, enqueue: bool) -> None:
 def _budget_as_started(run: Run) -> dict[str, Any]:
     """The run's token and cost budgets before any person raised them: a raise is a decision,
     and a fork inherits none."""
-    from approvals.models import Approval
+    from runs.approvals.models import Approval
 
     raises = Approval.objects.filter(run_id=run.id, kind=Approval.Kind.BUDGET,
                                      status=Approval.Status.APPROVED).count()
@@ -330,7 +330,7 @@ def runs_inspect_in_flight(*, rows, now) -> list[str]:
 def run_requeue(*, run_id: UUID, by: str) -> Run:
     """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
     in line. Its next worker resumes from the last checkpoint."""
-    from approvals.models import Approval, EventGate
+    from runs.approvals.models import Approval, EventGate
 
     if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
             EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
@@ -354,7 +354,7 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
     at (its latest checkpoint's) exists there. A run waiting on an approval, event, timer,
     child or branches keeps waiting, now on the new code; any other (a failed run, or one
     parked because its code was refused or its step was poison) goes back in line."""
-    from approvals.models import Approval, EventGate
+    from runs.approvals.models import Approval, EventGate
 
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(id=run_id).first()
@@ -414,7 +414,7 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
     (the chosen next step, and what it waited for merged into its state), put it in line.
 
     Returns False if the run is not parked at `visit` any more (a stale wake-up)."""
-    from approvals.services import wakeup_cancel
+    from runs.approvals.services import wakeup_cancel
 
     run = Run.objects.select_for_update().filter(id=run_id).first()
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
@@ -447,8 +447,8 @@ def child_report(*, run_id: UUID, status: str, result=None, error: str = "") -> 
     """A child run ended: wake the parent if it is still parked on this child, at the visit it
     started it (in the caller's transaction, which holds the child's row: child, then parent).
     A late report for a parent that moved on, or was cancelled, wakes nothing."""
-    from approvals.models import EventGate
-    from approvals.services import event_deliver
+    from runs.approvals.models import EventGate
+    from runs.approvals.services import event_deliver
 
     parent_id = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
     parent = Run.objects.select_for_update().filter(id=parent_id).first() if parent_id else None

@@ -7,7 +7,7 @@ from celery import shared_task
 from django.db import connection
 from django_tenants.utils import get_public_schema_name
 
-from dispatch.services import dispatch_ready
+from runs.dispatch.services import dispatch_ready
 
 from . import engine
 

@@ -20,7 +20,7 @@ from django_tenants.utils import tenant_context
 from rest_framework.test import APIClient
 
 from agentplatform import localprocs
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

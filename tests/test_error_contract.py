@@ -8,21 +8,21 @@ import inspect
 import pytest
 
 from agentplatform import api_errors, errors
-from approvals.services import ApprovalError
-from effects.services import OutboxError
 from integrations.services import CredentialError, CredentialNotFound
-from retention.envelope import ArchiveCorrupt, ArchiveError, ArchiveKeyMismatch
-from retention.services import ArchiveNotFound, ArchiveRaced, RetentionError
-from retention.store import ArchiveStoreUnavailable
+from integrations.webhooks.oidc import TokenRejected
+from integrations.webhooks.services import WebhookRejected
+from runs.approvals.services import ApprovalError
+from runs.effects.services import OutboxError
+from runs.retention.envelope import ArchiveCorrupt, ArchiveError, ArchiveKeyMismatch
+from runs.retention.services import ArchiveNotFound, ArchiveRaced, RetentionError
+from runs.retention.store import ArchiveStoreUnavailable
 from runs.services import RunError
 from tenants.services import ApiKeyRejected, TenantError
-from webhooks.oidc import TokenRejected
-from webhooks.services import WebhookRejected
 
 # tenants.authentication is not here: DRF wants an APIException from an authenticator, so it
 # turns ApiKeyRejected into one (with the same table) itself.
-API_MODULES = ["runs.api", "approvals.api", "effects.api", "integrations.api", "webhooks.api",
-               "retention.api"]
+API_MODULES = ["runs.api", "runs.approvals.api", "runs.effects.api", "integrations.api",
+               "integrations.webhooks.api", "runs.retention.api"]
 
 
 def test_errors_module_imports_no_app():

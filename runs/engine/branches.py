@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dispatch.services import ready_clear, ready_defer, ready_mark
+from runs.dispatch.services import ready_clear, ready_defer, ready_mark
 
 from ..events import event_record
 from ..leases import leases

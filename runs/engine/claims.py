@@ -11,7 +11,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
-from dispatch.services import ready_clear, ready_defer
+from runs.dispatch.services import ready_clear, ready_defer
 
 from ..agents import Agent, UnknownAgent, registry
 from ..events import event_record

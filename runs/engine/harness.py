@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
-from dispatch.services import ready_clear, ready_mark, ready_requeue
+from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
 from ..events import event_record

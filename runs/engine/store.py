@@ -15,7 +15,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
-from effects.models import OutboxMessage
+from runs.effects.models import OutboxMessage
 
 from ..models import Branch, Checkpoint, LogEntry, Run
 from .outcome import LeaseLost

@@ -4,10 +4,10 @@ import uuid
 
 from django_tenants.utils import tenant_context
 
-from approvals.models import Approval, EventGate, InboundEvent
-from dispatch.models import ReadyRun, Wakeup
+from runs.approvals.models import Approval, EventGate, InboundEvent
+from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Run, RunEvent
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def start(api, **input):

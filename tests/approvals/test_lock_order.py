@@ -10,14 +10,14 @@ from django.db import connection
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
-from approvals.models import Approval, EventGate
-from approvals.services import approval_decide, event_deliver
-from dispatch.models import ReadyRun, Wakeup
-from dispatch.services import wakeups_fire
 from runs import engine
+from runs.approvals.models import Approval, EventGate
+from runs.approvals.services import approval_decide, event_deliver
+from runs.dispatch.models import ReadyRun, Wakeup
+from runs.dispatch.services import wakeups_fire
 from runs.models import Run, RunEvent
 from runs.services import RunError, run_cancel, run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 RESUMES = ("approval_decided", "event_received", "wait_timed_out")
 RUNS_PER_KIND = 15

@@ -3,13 +3,13 @@ and model calls (OpenAI wire format). Receivers outside this machine are local f
 
 import pytest
 
-from approvals.models import Approval
-from effects.models import Effect
 from integrations.services import credential_set
+from runs.approvals.models import Approval
+from runs.effects.models import Effect
 from runs.models import Run, RunEvent
 from runs.services import run_start
-from tests.fakes.fixtures import fake_openai, fake_stripe, smtp_server  # noqa: F401
-from tests.waiting import wait_for
+from tests.support.fakes.fixtures import fake_openai, fake_stripe, smtp_server  # noqa: F401
+from tests.support.waiting import wait_for
 
 
 def holder_worker(run_id, workers):

@@ -2,12 +2,12 @@
 
 import random
 
-from approvals.models import Approval
-from effects.models import Effect, OutboxMessage
 from runs import engine
+from runs.approvals.models import Approval
+from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
 from runs.services import run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def finished(run_id):

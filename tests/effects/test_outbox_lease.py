@@ -9,14 +9,14 @@ are simply made again, and a person who says "it was delivered" can give the ste
 
 import time
 
-from approvals.models import Approval
-from effects.models import Effect, OutboxMessage
 from integrations.services import credential_set
 from runs import engine
+from runs.approvals.models import Approval
+from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
 from runs.services import run_start
-from tests.fakes.fixtures import fake_openai  # noqa: F401
-from tests.waiting import wait_for
+from tests.support.fakes.fixtures import fake_openai  # noqa: F401
+from tests.support.waiting import wait_for
 
 
 def finished(run_id):

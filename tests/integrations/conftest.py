@@ -3,7 +3,7 @@ import uuid
 import pytest
 
 from integrations.connectors import Call
-from tests.fakes.fixtures import *  # noqa: F403  (fake_slack, fake_stripe, fake_openai, fake_webhook, smtp_server)
+from tests.support.fakes.fixtures import *  # noqa: F403  (fake_slack, fake_stripe, fake_openai, fake_webhook, smtp_server)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from uuid import uuid4
 
 from integrations.connectors import Call
 from integrations.connectors.base import connector_get
-from tests.fakes.fixtures import smtp_server  # noqa: F401
+from tests.support.fakes.fixtures import smtp_server  # noqa: F401
 
 
 def call(args, creds):

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from integrations.connectors import connector_get
-from tests.fakes.smtp import free_port
-from tests.waiting import wait_for
+from tests.support.fakes.smtp import free_port
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_process(name: str):
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", f"tests.fakes.{name}", "--port", str(port)],
+    process = subprocess.Popen([sys.executable, "-m", f"tests.support.fakes.{name}", "--port", str(port)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: _get(f"{url}/_fake/state") is not None, timeout=20, what=f"fake {name} to listen")

@@ -26,7 +26,7 @@ def run_finished(*, agent: str = "chatter", steps: int = 5, age: timedelta = AGE
 @pytest.fixture
 def archive_pass(s3, in_acme):
     """acme's archive pass, in acme's schema (API calls in a test leave the connection public)."""
-    from retention import services
+    from runs.retention import services
 
     def run_pass(**kwargs):
         with tenant_context(in_acme):

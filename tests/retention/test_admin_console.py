@@ -2,7 +2,7 @@
 
 from django.db import connection
 
-from retention.models import Archive
+from runs.retention.models import Archive
 from tests.retention.conftest import run_finished
 from tests.tenants.test_admin_console import staff_client
 

@@ -10,9 +10,9 @@ from django.db import connection
 from django.utils import timezone
 
 from agentplatform.s3 import s3_client
-from retention import selectors, services
-from retention.models import Archive
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
+from runs.retention import selectors, services
+from runs.retention.models import Archive
 from runs.services import run_start
 from tests.retention.conftest import run_finished
 

@@ -2,11 +2,11 @@
 
 from django_tenants.utils import tenant_context
 
-from retention.models import Archive
-from retention.tasks import archive_all_tenants
 from runs.models import Run
+from runs.retention.models import Archive
+from runs.retention.tasks import archive_all_tenants
 from tests.retention.conftest import run_finished
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_beat_task_archives_every_tenant_through_a_worker(s3, worker, acme, globex):

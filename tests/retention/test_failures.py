@@ -7,9 +7,9 @@ import pytest
 from django.conf import settings
 
 from agentplatform.s3 import s3_client
-from retention import selectors, services, store
-from retention.envelope import ArchiveCorrupt, ArchiveKeyMismatch
-from retention.models import Archive
+from runs.retention import selectors, services, store
+from runs.retention.envelope import ArchiveCorrupt, ArchiveKeyMismatch
+from runs.retention.models import Archive
 from tests.retention.conftest import run_finished
 from tests.retention.test_archive import hot_rows, without_archive
 

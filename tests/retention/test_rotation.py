@@ -5,8 +5,8 @@ from django.core.management import call_command
 from django.db import connection
 from django_tenants.utils import tenant_context
 
-from retention import selectors, services, store
-from retention.models import Archive
+from runs.retention import selectors, services, store
+from runs.retention.models import Archive
 from tenants.services import data_key_get, tenant_create, tenant_delete
 from tests.retention.conftest import run_finished
 from tests.retention.test_archive import without_archive

@@ -5,11 +5,11 @@ from datetime import timedelta
 from django.db import connection
 from django_tenants.utils import tenant_context
 
-from retention import services
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
+from runs.retention import services
 from runs.services import run_start
 from tests.retention.conftest import run_finished
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_a_finished_shallow_run_keeps_only_its_final_checkpoint(archive_pass):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from django_tenants.utils import tenant_context
 
-from retention import store
-from retention.models import Archive
-from retention.tasks import archive_tenant
 from runs.models import Run
+from runs.retention import store
+from runs.retention.models import Archive
+from runs.retention.tasks import archive_tenant
 from tests.retention.conftest import run_finished
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_worker_killed_between_upload_and_prune_leaves_one_archive(s3, start_worker, acme):

@@ -2,7 +2,7 @@
 
 import uuid
 
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_create_with_idempotency_key_returns_the_same_run(acme_api):

@@ -4,12 +4,12 @@ parent cancels its whole tree, and a late branch report wakes no run parked on s
 import pytest
 from django.db import transaction
 
-from approvals.models import Approval, EventGate
-from dispatch.models import ReadyRun, Wakeup
 from runs import engine
+from runs.approvals.models import Approval, EventGate
+from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Branch, Checkpoint, Run, RunEvent
 from runs.services import run_enqueue, run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def kinds(run_id):

@@ -12,7 +12,7 @@ from django.db import connection
 from runs import engine
 from runs.models import Run
 from runs.services import run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 class CheckpointWitness:

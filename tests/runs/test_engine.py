@@ -13,7 +13,7 @@ from runs.agents import Agent, registry
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
 from runs.transitions import finish, goto
-from tests.agents import ATTEMPTS
+from tests.support.agents import ATTEMPTS
 
 
 def start(agent, **kwargs):

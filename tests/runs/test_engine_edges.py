@@ -10,10 +10,10 @@ import pytest
 from django.conf import settings
 from django.db import OperationalError, connection
 
-from dispatch.models import ReadyRun
-from effects.models import Effect
-from effects.services import EffectError, Scope, args_digest, effect_perform
 from runs import engine
+from runs.dispatch.models import ReadyRun
+from runs.effects.models import Effect
+from runs.effects.services import EffectError, Scope, args_digest, effect_perform
 from runs.models import Branch, Run, RunEvent
 from runs.services import run_requeue
 from tests.effects.receiver import Receiver
@@ -168,7 +168,7 @@ def test_async_mode_holds_at_most_the_configured_writes_in_flight(in_acme, setti
 
 
 def test_a_requeued_run_is_not_handed_out_before_its_ready_time(in_acme):
-    from dispatch.services import dispatch_ready, ready_defer
+    from runs.dispatch.services import dispatch_ready, ready_defer
 
     run = start("chatter")
     ready_defer(run_id=run.id, delay_seconds=3600)

@@ -7,14 +7,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals.models import Approval, EventGate
-from approvals.services import ApprovalError, approval_decide, event_deliver
-from dispatch.models import Wakeup
-from dispatch.services import wakeups_fire
 from runs import engine
+from runs.approvals.models import Approval, EventGate
+from runs.approvals.services import ApprovalError, approval_decide, event_deliver
+from runs.dispatch.models import Wakeup
+from runs.dispatch.services import wakeups_fire
 from runs.models import Branch, Checkpoint, Run
 from runs.services import run_fork, run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def start(agent, **input):

@@ -5,7 +5,7 @@ from django.conf import settings
 
 from runs.models import Run, RunEvent
 from runs.services import run_cancel, run_requeue, run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_a_step_that_kills_its_worker_parks_the_run_after_n_claims(in_acme, worker):

@@ -12,7 +12,7 @@ from django_tenants.utils import tenant_context
 
 from runs.models import Branch, Checkpoint, Run, RunEvent
 from runs.services import run_start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def holder_pid(run_id) -> int:

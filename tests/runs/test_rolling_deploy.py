@@ -11,7 +11,7 @@ from runs.services import RunError, run_migrate, run_start
 from tests import rollout_v2_agents  # noqa: F401  (this process knows v2 and v3)
 from tests.conftest import LOGS
 from tests.runs.test_engine import finished, kinds, start
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -31,13 +31,13 @@ def two_deploys(beat, celery_queue_clean):
 
 
 def test_a_run_on_a_version_only_new_workers_have_waits_for_one(in_acme, two_deploys):
-    old = "agents,tests.agents,tests.sandbox_agents,tests.engine_agents"
+    old = "agents,tests.support.agents,tests.support.sandbox_agents,tests.support.engine_agents"
     two_deploys("old-deploy", old)
     run = run_start(agent="rollout", version=2).run
     wait_for(lambda: RunEvent.objects.filter(run=run, kind="agent_unknown_here").exists(),
              timeout=60, interval=0.1, what="an old worker to hand the run back")
     assert Run.objects.get(id=run.id).status in ("queued", "running")  # not parked
-    new = two_deploys("new-deploy", old + ",tests.rollout_v2_agents")
+    new = two_deploys("new-deploy", old + ",tests.support.rollout_v2_agents")
     done = wait_for(lambda: Run.objects.filter(id=run.id, status__in=Run.FINISHED).first(),
                     timeout=90, interval=0.2, what="a new worker to finish the run")
     assert done.status == "succeeded" and done.result["version"] == 2
@@ -72,7 +72,7 @@ def test_migrate_refuses_unknown_and_older_versions(in_acme):
 
 
 def test_migrate_a_run_waiting_on_an_approval_only_changes_its_pin(in_acme):
-    from approvals.models import Approval
+    from runs.approvals.models import Approval
 
     run = start("rollout", version=1)
     Run.objects.filter(id=run.id).update(status="waiting", waiting_reason="approval: ok?")

@@ -7,10 +7,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from approvals.models import Approval, EventGate
-from effects.models import Effect
-from retention.models import Archive
+from runs.approvals.models import Approval, EventGate
+from runs.effects.models import Effect
 from runs.models import Branch, Run
+from runs.retention.models import Archive
 from runs.services import run_cancel, run_start
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from django.conf import settings
 
-from dispatch.models import ReadyRun
 from runs import engine
 from runs.agents import Agent
+from runs.dispatch.models import ReadyRun
 from runs.models import Run
 from runs.services import run_start
 from runs.transitions import fan_out, finish
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
 from sandboxes.services import SandboxSession, run_dir
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 sandbox_fan = Agent("sandbox_fan", version=1)
 

@@ -11,7 +11,7 @@ from django.conf import settings
 from sandboxes import jail
 from sandboxes.jail import Limits, SandboxUnavailable, sandbox_execute
 from sandboxes.services import LocalWorkspace
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

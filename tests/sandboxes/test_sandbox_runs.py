@@ -18,7 +18,7 @@ from runs.services import run_start
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
 from sandboxes.services import SandboxSession, run_dir, snapshot_open
 from tenants.services import data_key_get
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def finished(run_id):

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from integrations.services import credential_set
 from runs import engine
 from runs.services import run_start
-from tests.fakes.fixtures import fake_openai  # noqa: F401
+from tests.support.fakes.fixtures import fake_openai  # noqa: F401
 
 EXPORTER = InMemorySpanExporter()
 

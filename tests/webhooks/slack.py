@@ -5,7 +5,7 @@ import time
 import uuid
 from urllib.parse import urlencode
 
-from webhooks.services import slack_signature
+from integrations.webhooks.services import slack_signature
 
 
 def signed_headers(secret: str, body: bytes, *, timestamp: float | None = None, **extra) -> dict:

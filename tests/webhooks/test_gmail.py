@@ -7,12 +7,12 @@ import pytest
 from django.test import Client
 from django_tenants.utils import tenant_context
 
-from approvals.models import InboundEvent
+from integrations.webhooks.models import GmailMessageSeen
+from integrations.webhooks.services import gmail_connection_create
+from runs.approvals.models import InboundEvent
 from runs.models import RunEvent
 from tests.approvals.test_inbox import start, status_of
 from tests.webhooks.google import Signer, push_body
-from webhooks.models import GmailMessageSeen
-from webhooks.services import gmail_connection_create
 
 SERVICE_ACCOUNT = "gmail-push@acme-project.iam.gserviceaccount.com"
 GOOGLE = Signer()

@@ -7,15 +7,15 @@ import pytest
 from django.test import Client
 from django_tenants.utils import tenant_context
 
-from effects.models import Effect
 from integrations.services import credential_set
+from integrations.webhooks.services import slack_connection_create
 from runs.agents import registry
+from runs.effects.models import Effect
 from runs.models import Run
 from tests.approvals.test_inbox import pending_approval, status_of
-from tests.fakes.fixtures import smtp_server  # noqa: F401
-from tests.waiting import wait_for
+from tests.support.fakes.fixtures import smtp_server  # noqa: F401
+from tests.support.waiting import wait_for
 from tests.webhooks.slack import click_body, signed_headers
-from webhooks.services import slack_connection_create
 
 
 def start(api, email, **extra):

@@ -8,13 +8,13 @@ import pytest
 from django.test import Client
 from django_tenants.utils import tenant_context
 
-from approvals.models import Approval, InboundEvent
+from integrations.webhooks.models import SlackConnection, SlackEventSeen
+from integrations.webhooks.services import slack_connection_create
+from runs.approvals.models import Approval, InboundEvent
 from runs.models import RunEvent
 from tests.approvals.test_inbox import pending_approval, start, status_of
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 from tests.webhooks.slack import click_body, event_body, signed_headers
-from webhooks.models import SlackConnection, SlackEventSeen
-from webhooks.services import slack_connection_create
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 

@@ -5,9 +5,9 @@ import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-from tests.fakes.fixtures import fake_slack  # noqa: F401
-from tests.waiting import wait_for
-from webhooks.slack_approvals import approval_message_build
+from integrations.webhooks.slack_approvals import approval_message_build
+from tests.support.fakes.fixtures import fake_slack  # noqa: F401
+from tests.support.waiting import wait_for
 
 
 def approval(**request):
@@ -43,11 +43,11 @@ def test_parked_approval_goes_to_slack_through_the_outbox_and_a_click_decides_it
     from django.test import Client
     from django_tenants.utils import tenant_context
 
-    from effects.models import OutboxMessage
     from integrations.services import credential_set
+    from integrations.webhooks.services import slack_connection_create
+    from runs.effects.models import OutboxMessage
     from tests.approvals.test_inbox import status_of
     from tests.webhooks.slack import click_body, signed_headers
-    from webhooks.services import slack_connection_create
 
     secret = uuid.uuid4().hex
     slack = slack_connection_create(tenant=acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",

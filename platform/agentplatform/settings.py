@@ -1,0 +1,268 @@
+"""Settings: read from the environment (and an optional `.env`), with defaults that run locally.
+
+Every variable is listed in README.md ("Configuration").
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parents[2]  # platform/agentplatform/ -> the checkout
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set (deploy/dev writes one into .env for local use)"
+        )
+    SECRET_KEY = "insecure-debug-only"
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+# -- tenancy: one PostgreSQL schema per tenant (django-tenants) ------------------------------
+SHARED_APPS = [
+    "tenants",  # before django_tenants so our create_tenant command is the one that runs
+    "django_tenants",
+    "runs.dispatch",
+    "integrations.webhooks",  # tenant connections and webhook dedupe: found before any schema is set
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+]
+TENANT_APPS = [
+    "django.contrib.contenttypes",
+    "runs",
+    "runs.effects",
+    "integrations",
+    "runs.approvals",
+    "runs.retention",
+    "sandboxes",
+]
+INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS] + [
+    "agentplatform.apps.PlatformConfig",  # the composition root: wires the engine's ports, last
+]
+
+TENANT_MODEL = "tenants.Tenant"
+TENANT_DOMAIN_MODEL = "tenants.Domain"
+PUBLIC_SCHEMA_NAME = "public"
+DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
+
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/agentplatform"
+    )
+}
+DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Only statements executed with prepare=True (the engine's checkpoint write) are prepared; a
+# huge threshold keeps psycopg from preparing anything else. 0 here: prepare nothing (for a
+# pooler without prepared-statement support, e.g. PgBouncer < 1.21 in transaction mode).
+if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+MIDDLEWARE = [
+    "tenants.middleware.PublicSchemaMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "agentplatform.urls"
+WSGI_APPLICATION = "agentplatform.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / ".dev" / "static"
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest"],
+    "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
+
+# -- secrets at rest -------------------------------------------------------------------------
+# 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
+MASTER_KEY = env("AGENTPLATFORM_MASTER_KEY", default="")
+
+# -- S3 (archives, sandbox workspaces); SeaweedFS locally --------------------------------------
+S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", default="") or None  # None: AWS itself
+S3_BUCKET = env("S3_BUCKET", default="agentplatform")
+S3_REGION = env("S3_REGION", default="us-east-1")
+AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="agentplatform-dev")
+AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="agentplatform-dev-secret")
+
+# -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="agentplatform")
+# Outbox deliveries wait on slow receivers: their own queue and workers, so they never hold the
+# slots runs need (docs/decisions/0006-outbox-lease.md). Routed by agentplatform.celery.task_route.
+CELERY_OUTBOX_QUEUE = env("CELERY_OUTBOX_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-outbox")
+CELERY_TASK_ROUTES = ("agentplatform.celery.task_route",)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A slice lasts RUN_SLICE_SECONDS, far below the visibility timeout, so Redis redelivers only
+# what a dead worker held; and a redelivered message only rings the doorbell: the lease claim
+# and epoch fencing make a second delivery harmless (docs/decisions/0002-leases.md).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BEAT_SCHEDULE = {
+    "dispatch-tick": {"task": "dispatch.tick",
+                      "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
+    "outbox-sweep": {"task": "effects.outbox_sweep",
+                     "schedule": env.float("OUTBOX_SWEEP_SECONDS", default=5.0)},
+    "webhook-inbox-sweep": {"task": "webhooks.inbox_sweep",
+                            "schedule": env.float("WEBHOOK_INBOX_SWEEP_SECONDS", default=5.0)},
+    "retention-archive": {"task": "retention.archive_all_tenants",
+                          "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
+}
+
+# -- runs ------------------------------------------------------------------------------------
+RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
+RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
+RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
+RUN_HEARTBEAT_SECONDS = env.float("RUN_HEARTBEAT_SECONDS", default=RUN_LEASE_SECONDS / 3)
+# Fair dispatch (dispatch/services.py): how much is handed to workers at once.
+DISPATCH_MAX_IN_FLIGHT = env.int("DISPATCH_MAX_IN_FLIGHT", default=16)
+RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
+DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
+DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
+AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+# A run claimed this many times without a new checkpoint (its step kills the worker: OOM,
+# segfault, os._exit) is parked for a person on its next claim; a branch fails.
+RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT = env.int("RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT", default=3)
+# Rolling deploys: a worker without a run's agent version hands it back, in line again after
+# RETRY seconds for a worker that has it; after GRACE seconds of that, the run is parked.
+RUN_UNKNOWN_AGENT_RETRY_SECONDS = env.float("RUN_UNKNOWN_AGENT_RETRY_SECONDS", default=5.0)
+RUN_UNKNOWN_AGENT_GRACE_SECONDS = env.float("RUN_UNKNOWN_AGENT_GRACE_SECONDS", default=1800.0)
+# Durability "async": at most this many checkpoint writes in flight; the step loop then waits.
+RUN_ASYNC_MAX_PENDING_WRITES = env.int("RUN_ASYNC_MAX_PENDING_WRITES", default=8)
+# Outbox delivery: at least once, with exponential backoff, then marked failed.
+OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=8)
+OUTBOX_BACKOFF_SECONDS = env.float("OUTBOX_BACKOFF_SECONDS", default=2.0)
+
+# -- retention: finished runs are archived to S3 after their TTL, then pruned -----------------
+# Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>.jsonl.gz.enc in S3_BUCKET.
+# Agents may declare their own policy (runs.agents.RetentionPolicy); these are the defaults.
+RETENTION_S3_PREFIX = env("RETENTION_S3_PREFIX", default="tenants")
+RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"
+RETENTION_TTL_DAYS = env.float("RETENTION_TTL_DAYS", default=30.0)
+RETENTION_ARCHIVE_REQUIRED = env.bool("RETENTION_ARCHIVE_REQUIRED", default=True)
+RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)  # runs per tenant per pass
+
+# -- sandboxes: bubblewrap jails for tenant code (docs/sandboxes.md) ---------------------------
+SANDBOX_BWRAP = env("SANDBOX_BWRAP", default="bwrap")
+# Local working copies of run workspaces; the durable copy is the encrypted snapshot in S3.
+SANDBOX_WORKSPACE_ROOT = env("SANDBOX_WORKSPACE_ROOT", default=str(BASE_DIR / ".dev" / "workspaces"))
+# Host uid bwrap runs as; -1: the worker's own, or 65534 (nobody) when the worker is root.
+SANDBOX_HOST_UID = env.int("SANDBOX_HOST_UID", default=-1)
+SANDBOX_TIMEOUT_SECONDS = env.float("SANDBOX_TIMEOUT_SECONDS", default=60.0)
+SANDBOX_TIMEOUT_MAX_SECONDS = env.float("SANDBOX_TIMEOUT_MAX_SECONDS", default=900.0)
+SANDBOX_CPU_SECONDS = env.int("SANDBOX_CPU_SECONDS", default=60)
+SANDBOX_MEMORY_BYTES = env.int("SANDBOX_MEMORY_BYTES", default=1024 * 1024 * 1024)
+SANDBOX_PROCESSES = env.int("SANDBOX_PROCESSES", default=64)
+SANDBOX_OPEN_FILES = env.int("SANDBOX_OPEN_FILES", default=256)
+SANDBOX_FILE_SIZE_BYTES = env.int("SANDBOX_FILE_SIZE_BYTES", default=64 * 1024 * 1024)
+SANDBOX_WORKSPACE_MAX_BYTES = env.int("SANDBOX_WORKSPACE_MAX_BYTES", default=256 * 1024 * 1024)
+SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
+SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
+
+# -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
+# Per-tenant credentials (integrations.Credential) override these; these suit one deployment.
+CONNECTOR_TIMEOUT_SECONDS = env.float("CONNECTOR_TIMEOUT_SECONDS", default=30.0)
+# How long an outbox delivery is claimed for: longer than any connector call (and a lookup),
+# so a live claim is never taken over; an expired one means its deliverer died.
+OUTBOX_CLAIM_SECONDS = env.float("OUTBOX_CLAIM_SECONDS", default=2 * CONNECTOR_TIMEOUT_SECONDS + 30)
+# Tenant-supplied URLs and SMTP hosts may not point into private/loopback networks (SSRF);
+# tests and single-machine demos that run receivers on loopback turn this on.
+CONNECTOR_ALLOW_PRIVATE_DESTINATIONS = env.bool("CONNECTOR_ALLOW_PRIVATE_DESTINATIONS",
+                                                default=False)
+EMAIL_HOST = env("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = CONNECTOR_TIMEOUT_SECONDS
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="agentplatform@localhost")
+EMAIL_MESSAGE_ID_DOMAIN = env("EMAIL_MESSAGE_ID_DOMAIN", default="agentplatform.invalid")
+SLACK_API_URL = env("SLACK_API_URL", default="https://slack.com/api")
+# Reconciling a Slack message: how far back, and how many history pages, to search for its key.
+SLACK_LOOKUP_WINDOW_SECONDS = env.float("SLACK_LOOKUP_WINDOW_SECONDS", default=7 * 24 * 3600.0)
+SLACK_LOOKUP_MAX_PAGES = env.int("SLACK_LOOKUP_MAX_PAGES", default=10)
+STRIPE_API_URL = env("STRIPE_API_URL", default="https://api.stripe.com")
+OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="https://api.openai.com/v1")
+# USD per 1,000 tokens, (input, output), by model; MODEL_PRICE_DEFAULT for any other model.
+MODEL_PRICES = {name: tuple(price) for name, price in env.json("MODEL_PRICES", default={
+    "gpt-4o": [0.0025, 0.01],
+    "gpt-4o-mini": [0.00015, 0.0006],
+    "gpt-4.1": [0.002, 0.008],
+    "gpt-4.1-mini": [0.0004, 0.0016],
+}).items()}
+MODEL_PRICE_DEFAULT = tuple(env.json("MODEL_PRICE_DEFAULT", default=[0.01, 0.03]))
+
+# -- webhooks: Slack and Gmail (docs/webhooks.md) ------------------------------------------------
+SLACK_TIMESTAMP_WINDOW_SECONDS = env.int("SLACK_TIMESTAMP_WINDOW_SECONDS", default=300)
+# Google's signing keys for Pub/Sub push OIDC tokens (JWKS), fetched with a timeout and cached.
+GOOGLE_OIDC_CERTS_URL = env("GOOGLE_OIDC_CERTS_URL", default="https://www.googleapis.com/oauth2/v3/certs")
+# A JWKS (JSON text) trusted instead of fetching GOOGLE_OIDC_CERTS_URL: tests, air-gapped setups.
+GOOGLE_OIDC_JWKS = env("GOOGLE_OIDC_JWKS", default="")
+GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS = env.float("GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS", default=3.0)
+GOOGLE_OIDC_CACHE_SECONDS = env.int("GOOGLE_OIDC_CACHE_SECONDS", default=3600)
+# The webhook inbox (docs/webhooks.md): the sweep delivers items whose doorbell was lost once
+# they are this old; a failed delivery is retried after BACKOFF * 2^attempts, at most MAX.
+WEBHOOK_INBOX_SWEEP_AFTER_SECONDS = env.float("WEBHOOK_INBOX_SWEEP_AFTER_SECONDS", default=10.0)
+WEBHOOK_INBOX_BACKOFF_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_SECONDS", default=2.0)
+WEBHOOK_INBOX_BACKOFF_MAX_SECONDS = env.float("WEBHOOK_INBOX_BACKOFF_MAX_SECONDS", default=300.0)
+# After this many failed deliveries an item is `failed` (its error as outcome) and no longer
+# retried; the retention job deletes it like a delivered one.
+WEBHOOK_INBOX_MAX_ATTEMPTS = env.int("WEBHOOK_INBOX_MAX_ATTEMPTS", default=20)
+# An event nobody waits for is kept this long for a wait that begins before it arrives
+# (docs/api.md#events); after that it never wakes a run.
+EVENT_BUFFER_SECONDS = env.float("EVENT_BUFFER_SECONDS", default=24 * 3600.0)
+# The retention job deletes dedupe rows (Slack/Gmail delivery ids, delivered inbox items, inbound
+# events) older than this: longer than the senders retry (Pub/Sub keeps messages 7 days).
+EVENT_DEDUPE_RETENTION_SECONDS = env.float("EVENT_DEDUPE_RETENTION_SECONDS",
+                                           default=8 * 24 * 3600.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

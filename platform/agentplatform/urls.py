@@ -1,0 +1,54 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from integrations import api as integrations_api
+from integrations.webhooks import api as webhooks_api
+from integrations.webhooks import views as webhooks_views
+from runs import api as runs_api
+from runs.approvals import api as approvals_api
+from runs.effects import api as effects_api
+from runs.retention import api as retention_api
+
+api_v1 = [
+    path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+         name="schema"),
+    path("agents", runs_api.AgentList.as_view()),
+    path("runs", runs_api.RunListCreate.as_view()),
+    path("runs/<uuid:run_id>", runs_api.RunDetail.as_view()),
+    path("runs/<uuid:run_id>/cancel", runs_api.RunCancel.as_view()),
+    path("runs/<uuid:run_id>/fork", runs_api.RunFork.as_view()),
+    path("runs/<uuid:run_id>/migrate", runs_api.RunMigrate.as_view()),
+    path("runs/<uuid:run_id>/events", runs_api.RunEvents.as_view()),
+    path("runs/<uuid:run_id>/checkpoints", runs_api.RunCheckpoints.as_view()),
+    path("runs/<uuid:run_id>/checkpoints/<int:visit>/state", runs_api.CheckpointState.as_view()),
+    path("runs/<uuid:run_id>/effects", effects_api.RunEffects.as_view()),
+    path("outbox", effects_api.OutboxList.as_view()),
+    path("outbox/<int:message_id>/settle", effects_api.OutboxSettle.as_view()),
+    path("approvals", approvals_api.ApprovalList.as_view()),
+    path("approvals/<uuid:approval_id>", approvals_api.ApprovalDetail.as_view()),
+    path("approvals/<uuid:approval_id>/decide", approvals_api.ApprovalDecide.as_view()),
+    path("events", approvals_api.EventCreate.as_view()),
+    path("runs/<uuid:run_id>/archive", retention_api.RunArchive.as_view()),
+    path("credentials", integrations_api.CredentialList.as_view()),
+    path("credentials/<str:connector>/<str:label>", integrations_api.CredentialDetail.as_view()),
+    path("connections/slack", webhooks_api.SlackConnectionListCreate.as_view()),
+    path("connections/slack/<uuid:connection_id>",
+         webhooks_api.ConnectionDelete.as_view(model=webhooks_api.SlackConnection)),
+    path("connections/gmail", webhooks_api.GmailConnectionListCreate.as_view()),
+    path("connections/gmail/<uuid:connection_id>",
+         webhooks_api.ConnectionDelete.as_view(model=webhooks_api.GmailConnection)),
+]
+
+webhooks = [
+    path("slack/<uuid:connection_id>/events", webhooks_views.slack_events, name="slack-events"),
+    path("slack/<uuid:connection_id>/interactivity", webhooks_views.slack_interactivity,
+         name="slack-interactivity"),
+    path("gmail/<uuid:connection_id>", webhooks_views.gmail_push, name="gmail-push"),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("webhooks/", include(webhooks)),
+]

@@ -1,0 +1,168 @@
+"""Fair dispatch: which runnable runs go to workers next, and the watchdog that notices lost
+messages and dead workers. PostgreSQL holds the truth; a Celery message is only a doorbell.
+
+Order: each tenant's ready runs are numbered oldest first, counting the ones it already has in
+flight; the smallest numbers go first. A tenant with 500 queued runs and one with 1 therefore
+alternate, and no tenant has more than RUN_TENANT_MAX_IN_FLIGHT runs in flight at once.
+"""
+
+import logging
+from collections import defaultdict
+from datetime import timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django_tenants.utils import schema_context
+
+from agentplatform.doorbell import doorbell_ring
+
+from .models import ReadyRun, Wakeup
+
+log = logging.getLogger(__name__)
+READY = f"public.{ReadyRun._meta.db_table}"
+DISPATCH_LOCK = 0x6170_6469_7370  # any constant: one dispatcher at a time
+
+
+def ready_mark(*, run_id: UUID, branch: int = -1) -> None:
+    """The run (or branch) is runnable: put it in line, at the back of its tenant's line.
+
+    Call inside the transaction that makes it runnable."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {READY} (tenant_id, schema_name, run_id, branch, ready_at, dispatched_at)
+            SELECT t.id, t.schema_name, %s, %s, now(), NULL
+              FROM public.tenants_tenant t WHERE t.schema_name = %s
+            ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL,
+                                                      deferred_since = NULL
+            """,
+            [run_id, branch, connection.schema_name],
+        )
+
+
+def ready_defer(*, run_id: UUID, branch: int = -1, delay_seconds: float) -> float:
+    """A worker handed the run (or branch) back: in line again in `delay_seconds`, for another
+    worker. Returns for how many seconds it has been handed back without running."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {READY} AS r (tenant_id, schema_name, run_id, branch, ready_at,
+                                      dispatched_at, deferred_since)
+            SELECT t.id, t.schema_name, %s, %s, now() + %s, NULL, now()
+              FROM public.tenants_tenant t WHERE t.schema_name = %s
+            ON CONFLICT (run_id, branch) DO UPDATE
+               SET ready_at = EXCLUDED.ready_at, dispatched_at = NULL,
+                   deferred_since = coalesce(r.deferred_since, now())
+         RETURNING extract(epoch FROM now() - deferred_since)
+            """,
+            [run_id, branch, timedelta(seconds=delay_seconds), connection.schema_name],
+        )
+        return float(cursor.fetchone()[0])
+
+
+def ready_requeue(*, run_id: UUID, branch: int = -1) -> None:
+    """Back in line, if it is in line at all (runs driven in-process are not)."""
+    ReadyRun.objects.filter(run_id=run_id, branch=branch).update(
+        ready_at=timezone.now(), dispatched_at=None, deferred_since=None
+    )
+
+
+def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
+    rows = ReadyRun.objects.filter(run_id=run_id)
+    if branch is not None:
+        rows = rows.filter(branch=branch)
+    rows.delete()
+
+
+def dispatch_ready(*, budget: int | None = None) -> int:
+    """Pick the next ready runs in fair order and ring their doorbells. Returns how many."""
+    budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+        if not cursor.fetchone()[0]:
+            return 0  # another dispatcher is at it; the next tick picks up the rest
+        cursor.execute(
+            f"""
+            WITH inflight AS (
+                SELECT tenant_id, count(*) AS n FROM {READY}
+                 WHERE dispatched_at IS NOT NULL GROUP BY tenant_id
+            ), ranked AS (
+                SELECT r.id, r.ready_at, coalesce(t.max_in_flight, %s) AS cap,
+                       row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.ready_at, r.id)
+                         + coalesce(i.n, 0) AS place
+                  FROM {READY} r
+                  JOIN public.tenants_tenant t ON t.id = r.tenant_id AND t.status = 'active'
+                  LEFT JOIN inflight i ON i.tenant_id = r.tenant_id
+                 WHERE r.dispatched_at IS NULL AND r.ready_at <= now()
+            ), picked AS (
+                SELECT id FROM ranked WHERE place <= cap ORDER BY place, ready_at
+                 LIMIT greatest(%s - (SELECT count(*) FROM {READY}
+                                       WHERE dispatched_at IS NOT NULL), 0)
+            )
+            UPDATE {READY} r SET dispatched_at = now() FROM picked WHERE r.id = picked.id
+            RETURNING r.schema_name, r.run_id, r.branch
+            """,
+            [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
+        )
+        picked = cursor.fetchall()
+        for schema, run_id, branch in picked:  # each rings once the pick commits
+            if branch < 0:
+                doorbell_ring("runs.advance", [str(run_id)], schema=schema)
+            else:
+                doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema)
+    return len(picked)
+
+
+def watchdog() -> dict[str, int]:
+    """Put back in line what a worker was handed but is not running: a message the broker
+    lost, a run whose lease expired (dead or frozen worker). Drop rows of runs that left."""
+    from runs.services import runs_inspect_in_flight
+
+    now = timezone.now()
+    stale = ReadyRun.objects.filter(
+        dispatched_at__lt=now - timedelta(seconds=settings.DISPATCH_CHECK_AFTER_SECONDS)
+    )
+    by_schema: dict[str, list[ReadyRun]] = defaultdict(list)
+    for row in stale:
+        by_schema[row.schema_name].append(row)
+    counts = {"requeued": 0, "dropped": 0}
+    for schema, rows in by_schema.items():
+        with schema_context(schema):
+            verdicts = runs_inspect_in_flight(rows=rows, now=now)
+        for row, verdict in zip(rows, verdicts, strict=True):
+            if verdict == "requeue":
+                ReadyRun.objects.filter(id=row.id, dispatched_at=row.dispatched_at).update(
+                    dispatched_at=None)
+                counts["requeued"] += 1
+            elif verdict == "drop":
+                ReadyRun.objects.filter(id=row.id, dispatched_at=row.dispatched_at).delete()
+                counts["dropped"] += 1
+    if counts["requeued"] or counts["dropped"]:
+        log.info("watchdog: %s", counts)
+    return counts
+
+
+def wakeups_fire(*, limit: int = 500) -> int:
+    """Fire every due wakeup (sleeps and timeouts), each in its tenant's schema, each once.
+
+    Each in a transaction of its own that locks the run before anything else (decision 0008):
+    holding the wakeup rows while waiting for runs would deadlock with a cancel, which locks
+    the run and then deletes its wakeups. A wakeup fired twice is stale the second time."""
+    from runs.approvals.services import wakeup_fire
+
+    fired = 0
+    due = list(Wakeup.objects.filter(due_at__lte=timezone.now()).order_by("due_at")[:limit])
+    for wakeup in due:
+        try:
+            with schema_context(wakeup.schema_name):
+                outcome = wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
+        except Exception:  # one broken run must not hold up every other timer
+            log.exception("wakeup of run %s failed; retrying next tick", wakeup.run_id)
+            continue
+        # Fired (or stale): gone, unless the run parked again at this visit with a new due time.
+        Wakeup.objects.filter(id=wakeup.id, due_at=wakeup.due_at).delete()
+        log.info("wakeup %s visit %s: %s", wakeup.run_id, wakeup.visit, outcome)
+        fired += 1
+    return fired

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EffectsConfig(AppConfig):
+    name = "runs.effects"
+    label = "effects"  # the label, and so every table and migration, did not move

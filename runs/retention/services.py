@@ -1,0 +1,305 @@
+"""Retention verbs: the archive pass (compact shallow runs, archive and prune runs past their
+TTL, prune old inbound events), restore for audit, and re-wrapping archive keys when a
+tenant's data key rotates.
+
+Order of one run's archival, all inside one transaction holding the run's row lock:
+serialize -> seal -> upload -> read back and compare sha256 -> Archive row -> prune.
+A failure anywhere rolls back the Archive row and the prune together, so the hot rows stay;
+a re-run uploads to the same object key again, so no duplicate or orphan is left behind.
+"""
+
+import gzip
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agentplatform.errors import ServiceError
+from runs.agents import RetentionPolicy
+from runs.approvals.services import inbound_events_prune
+from runs.models import Checkpoint, Run
+from tenants.models import Tenant, TenantKey
+from tenants.services import data_key_create, data_key_get
+
+from . import envelope, selectors, store
+from .envelope import ArchiveCorrupt, ArchiveError
+from .models import Archive, RunRetention
+from .store import ArchiveStoreUnavailable
+
+log = logging.getLogger(__name__)
+
+FORMAT = "agentplatform.run-archive/1"
+
+# Called after the object is uploaded and verified, before the Archive row and the prune:
+# tests raise here to prove a crash at that point loses nothing and duplicates nothing.
+after_upload: Callable[[UUID], None] | None = None
+
+
+class ArchiveNotFound(ArchiveError):
+    code = "not_found"
+
+
+class ArchiveRaced(ArchiveError):
+    code = "archive_raced"
+
+
+class RetentionError(ServiceError):
+    """A retention setting or key retirement refused, with a message for the operator."""
+
+    def __init__(self, message: str):
+        super().__init__("retention_refused", message)
+
+
+@dataclass
+class PassReport:
+    compacted_checkpoints: int = 0
+    archived: int = 0
+    discarded: int = 0
+    failed: int = 0
+    archived_bytes: int = 0
+    pruned_events: int = 0  # inbound events past EVENT_DEDUPE_RETENTION_SECONDS
+    stopped: str = ""  # why the pass stopped early (S3 unavailable), if it did
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | None = None) -> PassReport:
+    """One tenant's retention work (run in its schema): compact, then archive what is due."""
+    from django.conf import settings
+
+    now = now or timezone.now()
+    report = PassReport(compacted_checkpoints=shallow_compact(),
+                        pruned_events=inbound_events_prune(now=now))
+    for run_id, policy in selectors.runs_due(now=now, limit=limit or settings.RETENTION_BATCH_SIZE):
+        try:
+            archive = run_archive(tenant=tenant, run_id=run_id, policy=policy)
+        except Exception as exc:
+            archive_failure_record(run_id=run_id, error=exc)
+            report.failed += 1
+            if isinstance(exc, ArchiveStoreUnavailable):
+                report.stopped = str(exc)  # the next run would fail the same way: stop here
+                break
+            continue
+        if archive is None:
+            continue  # finished meanwhile by another pass, or locked by one right now
+        if archive.status == Archive.Status.ARCHIVED:
+            report.archived += 1
+            report.archived_bytes += archive.size
+        else:
+            report.discarded += 1
+    if report.failed:
+        log.warning("retention pass in %s: %s", tenant.schema_name, report.as_dict())
+    return report
+
+
+def run_archive(*, tenant: Tenant, run_id: UUID, policy: RetentionPolicy) -> Archive | None:
+    """Archive one finished run (unless its policy says not to) and prune its hot rows."""
+    schema = tenant.schema_name
+    with transaction.atomic():
+        run = (Run.objects.select_for_update(skip_locked=True)
+               .filter(id=run_id, status__in=Run.FINISHED).first())
+        if run is None:
+            return None
+        rows = selectors.run_rows(run_id=run_id)
+        counts = {table: len(table_rows) for table, table_rows in rows.items()}
+        fields = {"status": Archive.Status.DISCARDED, "object_key": "", "sha256": "", "size": 0,
+                  "sealed_key_version": None, "key_version": None, "wrapped_key": None}
+        if policy.archive_required:
+            version, tenant_key = data_key_get(tenant=tenant)
+            sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
+                                   tenant=schema, run_id=str(run_id), key_version=version)
+            key = store.object_key_for(schema=schema, run_id=run_id)
+            digest = store.object_put_verified(key=key, blob=sealed.blob)
+            if after_upload is not None:
+                after_upload(run_id)
+            fields = {
+                "status": Archive.Status.ARCHIVED, "object_key": key, "sha256": digest,
+                "size": len(sealed.blob), "sealed_key_version": version, "key_version": version,
+                "wrapped_key": envelope.key_wrap(sealed.object_key, tenant_key=tenant_key,
+                                                 tenant=schema, run_id=str(run_id),
+                                                 key_version=version),
+            }
+        archive, _ = Archive.objects.update_or_create(run_id=run_id, defaults={
+            **fields, "agent": run.agent, "counts": counts, "run_finished_at": run.finished_at,
+            "archived_at": timezone.now(), "error": "",
+        })
+        run_prune(run_id=run_id, counts=counts)
+    return archive
+
+
+def archive_body(*, tenant: str, run_id: UUID, rows: dict[str, list[dict]]) -> bytes:
+    """JSON Lines, gzipped: a header line, then one {"table", "row"} line per row."""
+    counts = {table: len(table_rows) for table, table_rows in rows.items()}
+    lines = [json.dumps({"archive": FORMAT, "tenant": tenant, "run": str(run_id), "counts": counts})]
+    lines += [json.dumps({"table": table, "row": row}, separators=(",", ":"))
+              for table, table_rows in rows.items() for row in table_rows]
+    return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=6, mtime=0)
+
+
+def run_prune(*, run_id: UUID, counts: dict[str, int]) -> None:
+    """Delete the run's hot rows through the one path past the append-only guard. Refuses (and so
+    rolls back) if any table holds a different number of rows than was archived."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("run_prune must run inside the archive's transaction")
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL agentplatform.allow_prune = 'on'")
+        for table in selectors.run_tables():
+            column = qn(table.field.column)
+            if table.outlives_run:
+                cursor.execute(f"UPDATE {qn(table.name)} SET {column} = NULL WHERE {column} = %s",
+                               [run_id])
+            else:
+                cursor.execute(f"DELETE FROM {qn(table.name)} WHERE {column} = %s", [run_id])
+            if cursor.rowcount != counts.get(table.name, 0):
+                raise ArchiveRaced(f"run {run_id}: {table.name} had {cursor.rowcount} rows at "
+                                   f"prune time but {counts.get(table.name, 0)} were archived")
+        runs = qn(Run._meta.db_table)
+        forked_from = qn(Run._meta.get_field("forked_from").column)
+        cursor.execute(f"UPDATE {runs} SET {forked_from} = NULL WHERE {forked_from} = %s", [run_id])
+        cursor.execute(f"DELETE FROM {runs} WHERE id = %s", [run_id])
+
+
+def archive_failure_record(*, run_id: UUID, error: Exception) -> None:
+    message = f"{type(error).__name__}: {error}"[:2000]
+    log.warning("archiving run %s failed: %s", run_id, message)
+    updated = (Archive.objects.filter(run_id=run_id).exclude(status=Archive.Status.ARCHIVED)
+               .update(status=Archive.Status.FAILED, error=message, attempts=F("attempts") + 1,
+                       updated_at=timezone.now()))
+    if not updated and not Archive.objects.filter(run_id=run_id).exists():
+        agent = Run.objects.filter(id=run_id).values_list("agent", flat=True).first() or ""
+        Archive.objects.create(run_id=run_id, agent=agent, status=Archive.Status.FAILED,
+                               error=message, attempts=1)
+
+
+def shallow_compact() -> int:
+    """Delete every checkpoint but the latest of each run whose policy is shallow. Safe while the
+    run is running: the engine only ever reads (and resumes from) the latest checkpoint."""
+    runs_sql, params = selectors.shallow_runs().values("id").query.sql_with_params()
+    table = connection.ops.quote_name(Checkpoint._meta.db_table)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL agentplatform.allow_prune = 'on'")
+        cursor.execute(f"""
+            DELETE FROM {table} c
+             USING (SELECT run_id, max(visit) AS latest FROM {table}
+                     WHERE run_id IN ({runs_sql})
+                     GROUP BY run_id HAVING count(*) > 1) l
+             WHERE c.run_id = l.run_id AND c.visit < l.latest
+        """, params)
+        return cursor.rowcount
+
+
+def run_retention_set(*, run_id: UUID, history: str | None = None, ttl=None,
+                      archive_required: bool | None = None) -> RunRetention:
+    """Override the agent's retention policy for one run (null fields keep the agent's)."""
+    if history not in (None, "full", "shallow"):
+        raise RetentionError(f"history must be 'full' or 'shallow', not {history!r}")
+    override, _ = RunRetention.objects.update_or_create(
+        run_id=run_id, defaults={"history": history, "ttl": ttl, "archive_required": archive_required})
+    return override
+
+
+def archive_restore(*, tenant: Tenant, run_id: UUID) -> dict:
+    """Fetch, verify and decrypt a run's archive; its history, read-only, as the API shows it."""
+    archive = Archive.objects.filter(run_id=run_id, status=Archive.Status.ARCHIVED).first()
+    if archive is None:
+        raise ArchiveNotFound("This run has no archive.")
+    rows = archive_read(archive=archive, tenant=tenant)
+    return {
+        **selectors.history_from_rows(rows),
+        "archive": {"object_key": archive.object_key, "sha256": archive.sha256,
+                    "size": archive.size, "key_version": archive.key_version,
+                    "archived_at": archive.archived_at, "counts": archive.counts},
+    }
+
+
+def archive_read(*, archive: Archive, tenant: Tenant) -> dict[str, list[dict]]:
+    """The archived rows, by table, after checking size, sha256, key, AEAD tag and row counts.
+    `tenant` is whose key opens it: another tenant's key is refused."""
+    run_id = str(archive.run_id)
+    blob = store.object_get(key=archive.object_key)
+    where = f"archive of run {run_id} ({archive.object_key})"
+    if len(blob) != archive.size:
+        raise ArchiveCorrupt(f"{where}: the object is {len(blob)} bytes but {archive.size} were "
+                             "archived: truncated or replaced")
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != archive.sha256:
+        raise ArchiveCorrupt(f"{where}: sha256 {digest[:16]}… does not match the recorded "
+                             f"{archive.sha256[:16]}…: the object was altered")
+    _, tenant_key = data_key_get(tenant=tenant, version=archive.key_version)
+    object_key = envelope.key_unwrap(archive.wrapped_key, tenant_key=tenant_key,
+                                     tenant=tenant.schema_name, run_id=run_id,
+                                     key_version=archive.key_version)
+    body = envelope.unseal(blob, object_key=object_key, tenant=tenant.schema_name, run_id=run_id,
+                           key_version=archive.sealed_key_version)
+    try:
+        header, *lines = [json.loads(line) for line in gzip.decompress(body).splitlines() if line]
+    except (OSError, EOFError, ValueError) as exc:
+        raise ArchiveCorrupt(f"{where}: the body does not decompress into JSON Lines: {exc}") from exc
+    if header.get("archive") != FORMAT or header.get("run") != run_id:
+        raise ArchiveCorrupt(f"{where}: unexpected header {header}")
+    rows: dict[str, list[dict]] = {table: [] for table in header["counts"]}
+    for line in lines:
+        rows.setdefault(line["table"], []).append(line["row"])
+    found = {table: len(table_rows) for table, table_rows in rows.items()}
+    if found != archive.counts or found != header["counts"]:
+        raise ArchiveCorrupt(f"{where}: row counts {found} differ from the recorded {archive.counts}")
+    return rows
+
+
+def archive_keys_rewrap(*, tenant: Tenant, to_version: int | None = None) -> int:
+    """Re-wrap every archive's object key under the tenant's key `to_version` (default: the
+    newest active one). Bodies and their sha256 do not change. Idempotent; returns rows changed."""
+    version, new_key = data_key_get(tenant=tenant, version=to_version)
+    old_keys: dict[int, bytes] = {}
+    changed = 0
+    pending = (Archive.objects.filter(status=Archive.Status.ARCHIVED).exclude(key_version=version)
+               .values_list("pk", flat=True))
+    for pk in list(pending):
+        with transaction.atomic():
+            archive = Archive.objects.select_for_update().get(pk=pk)
+            if archive.key_version == version:
+                continue
+            if archive.key_version not in old_keys:
+                old_keys[archive.key_version] = data_key_get(tenant=tenant,
+                                                             version=archive.key_version)[1]
+            binding = {"tenant": tenant.schema_name, "run_id": str(archive.run_id)}
+            object_key = envelope.key_unwrap(archive.wrapped_key, tenant_key=old_keys[archive.key_version],
+                                             key_version=archive.key_version, **binding)
+            Archive.objects.filter(pk=pk).update(
+                key_version=version,
+                wrapped_key=envelope.key_wrap(object_key, tenant_key=new_key, key_version=version,
+                                              **binding),
+            )
+            changed += 1
+    return changed
+
+
+def data_key_rotate(*, tenant: Tenant, retire_old: bool = False) -> TenantKey:
+    """A new data key version for the tenant; archives re-wrapped under it; optionally the older
+    versions retired. Run in the tenant's schema."""
+    key = data_key_create(tenant=tenant)
+    archive_keys_rewrap(tenant=tenant, to_version=key.version)
+    if retire_old:
+        for old in tenant.data_keys.filter(retired_at=None).exclude(pk=key.pk):
+            data_key_retire(tenant=tenant, version=old.version)
+    return key
+
+
+def data_key_retire(*, tenant: Tenant, version: int) -> None:
+    """Mark a data key version retired; refused while any archive is still wrapped under it."""
+    in_use = Archive.objects.filter(key_version=version).count()
+    if in_use:
+        raise RetentionError(f"{in_use} archive(s) of {tenant.schema_name} are still wrapped under "
+                             f"data key v{version}: re-wrap them first (archive_keys_rewrap)")
+    if not tenant.data_keys.filter(retired_at=None).exclude(version=version).exists():
+        raise RetentionError(f"v{version} is the only active data key of {tenant.schema_name}")
+    tenant.data_keys.filter(version=version, retired_at=None).update(retired_at=timezone.now())
