@@ -16,7 +16,7 @@ def test_import_platform_is_the_standard_librarys_in_a_process_started_from_the_
                          check=True).stdout.split()
     assert Path(out[0]).parent == Path(sysconfig.get_paths()["stdlib"])
     assert Path(out[1]).is_relative_to(ROOT / "platform" / "agentplatform")
-    assert out[2] == "%d.%d.%d" % sys.version_info[:3]
+    assert out[2] == ".".join(map(str, sys.version_info[:3]))
 
 
 def test_platform_directory_is_not_a_package():
