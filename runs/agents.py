@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
+
 from .transitions import Transition
 
 
@@ -147,7 +149,6 @@ class AgentRegistry:
         with self._lock:
             if self._loaded:
                 return
-            from django.conf import settings
 
             for module in settings.AGENT_MODULES:
                 importlib.import_module(module)

@@ -12,20 +12,9 @@ from agentplatform.api_errors import ApiError
 
 from . import services
 from .agents import registry
-from .models import Checkpoint, Run, RunEvent
+from .models import Run
 from .selectors import checkpoint_list, run_event_list, run_list, run_or_404
-
-
-class RunSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Run
-        fields = [
-            "id", "agent", "agent_version", "status", "durability", "input", "result", "error",
-            "waiting_reason", "max_steps", "max_wall_seconds", "steps_taken", "active_seconds",
-            "max_tokens", "max_cost_usd", "tokens_used", "cost_usd", "parent",
-            "cancel_requested", "forked_from", "forked_from_visit", "created_at", "updated_at",
-            "started_at", "finished_at",
-        ]
+from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
 
 class RunCreateSerializer(serializers.Serializer):
@@ -38,18 +27,6 @@ class RunCreateSerializer(serializers.Serializer):
     max_tokens = serializers.IntegerField(required=False, min_value=1)
     max_cost_usd = serializers.DecimalField(required=False, max_digits=12, decimal_places=6,
                                             min_value=0)
-
-
-class EventSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = RunEvent
-        fields = ["id", "kind", "visit", "data", "created_at"]
-
-
-class CheckpointSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Checkpoint
-        fields = ["visit", "step", "state", "log_offsets", "agent_version", "waiting", "created_at"]
 
 
 class ForkSerializer(serializers.Serializer):

@@ -13,12 +13,14 @@ from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
+from runs.approvals.models import Approval, EventGate
 from runs.dispatch.models import Wakeup
 from runs.dispatch.services import dispatch_ready, ready_clear, ready_mark
 
 from .agents import UnknownAgent, registry
 from .events import event_record
 from .models import Branch, Checkpoint, LogEntry, Run
+from .parked import inbox
 from .state import StateTooLarge, state_merge
 
 
@@ -143,8 +145,6 @@ def _cancel_locked(run: Run) -> None:
         Run.objects.filter(id=run.id).update(cancel_requested=True)
         event_record(run_id=run.id, kind="cancel_requested")
         return
-    from runs.approvals.services import parked_cancel
-
     now = timezone.now()
     Run.objects.filter(id=run.id).update(
         status=Run.Status.CANCELLED, cancel_requested=True, finished_at=now,
@@ -152,7 +152,7 @@ def _cancel_locked(run: Run) -> None:
     )
     Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
         status=Branch.Status.FAILED, error="run cancelled", finished_at=now)
-    parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
+    inbox().parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
     ready_clear(run_id=run.id)
     event_record(run_id=run.id, kind="run_cancelled")
     child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
@@ -236,7 +236,7 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
 
 def _fork_wait(fork: Run, visit: int, waiting: dict, *, enqueue: bool) -> None:
     """Open in the fork the wait its source parked on at `visit`, anew."""
-    from runs.approvals import services as parking
+    parking = inbox()
 
     def seconds(value):
         return timedelta(seconds=value) if value else None
@@ -287,7 +287,6 @@ def _fork_branches(fork: Run, branches: list[Branch], *, enqueue: bool) -> None:
 def _budget_as_started(run: Run) -> dict[str, Any]:
     """The run's token and cost budgets before any person raised them: a raise is a decision,
     and a fork inherits none."""
-    from runs.approvals.models import Approval
 
     raises = Approval.objects.filter(run_id=run.id, kind=Approval.Kind.BUDGET,
                                      status=Approval.Status.APPROVED).count()
@@ -330,7 +329,6 @@ def runs_inspect_in_flight(*, rows, now) -> list[str]:
 def run_requeue(*, run_id: UUID, by: str) -> Run:
     """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
     in line. Its next worker resumes from the last checkpoint."""
-    from runs.approvals.models import Approval, EventGate
 
     if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
             EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
@@ -354,7 +352,6 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
     at (its latest checkpoint's) exists there. A run waiting on an approval, event, timer,
     child or branches keeps waiting, now on the new code; any other (a failed run, or one
     parked because its code was refused or its step was poison) goes back in line."""
-    from runs.approvals.models import Approval, EventGate
 
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(id=run_id).first()
@@ -414,8 +411,6 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
     (the chosen next step, and what it waited for merged into its state), put it in line.
 
     Returns False if the run is not parked at `visit` any more (a stale wake-up)."""
-    from runs.approvals.services import wakeup_cancel
-
     run = Run.objects.select_for_update().filter(id=run_id).first()
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
     if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
@@ -429,7 +424,7 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
         )
     Run.objects.filter(id=run_id).update(status=Run.Status.QUEUED, waiting_reason="",
                                          updated_at=timezone.now())
-    wakeup_cancel(run_id=run_id)
+    inbox().wakeup_cancel(run_id=run_id)
     event_record(run_id=run_id, kind=event, visit=visit, **event_data)
     run_enqueue(run_id)
     return True
@@ -447,9 +442,6 @@ def child_report(*, run_id: UUID, status: str, result=None, error: str = "") -> 
     """A child run ended: wake the parent if it is still parked on this child, at the visit it
     started it (in the caller's transaction, which holds the child's row: child, then parent).
     A late report for a parent that moved on, or was cancelled, wakes nothing."""
-    from runs.approvals.models import EventGate
-    from runs.approvals.services import event_deliver
-
     parent_id = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
     parent = Run.objects.select_for_update().filter(id=parent_id).first() if parent_id else None
     if parent is None or parent.status != Run.Status.WAITING:
@@ -459,6 +451,6 @@ def child_report(*, run_id: UUID, status: str, result=None, error: str = "") -> 
                                           key=str(run_id), status=EventGate.Status.OPEN).exists()
     if not waits_here or (parked.waiting or {}).get("kind", "child_run") != "child_run":
         return
-    event_deliver(kind="child_run", key=str(run_id), source_id=f"child:{run_id}",
+    inbox().event_deliver(kind="child_run", key=str(run_id), source_id=f"child:{run_id}",
                   payload={"run": str(run_id), "status": status, "result": result,
                            "error": error})

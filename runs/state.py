@@ -8,6 +8,8 @@ from uuid import UUID
 
 from django.conf import settings
 
+from .models import LogEntry
+
 
 class StateTooLarge(ValueError):
     pass
@@ -84,8 +86,6 @@ class LogView:
         return self.slice(max(0, length - count), length)
 
     def slice(self, start: int, stop: int) -> list[Any]:
-        from .models import LogEntry
-
         unwritten = self._unwritten(self.name)  # entries not yet in the database (exit mode)
         stored_stop = min(stop, self._offset() - len(unwritten))
         values = list(

@@ -4,26 +4,14 @@ import logging
 from uuid import UUID
 
 from celery import shared_task
-from django.db import connection
-from django_tenants.utils import get_public_schema_name
 
 from runs.dispatch.services import dispatch_ready
+from tenants.selection import tenant_schema
 
 from . import engine
+from .models import Run
 
 log = logging.getLogger(__name__)
-
-
-class TenantRequired(RuntimeError):
-    pass
-
-
-def tenant_schema() -> str:
-    """The schema this task runs in; refuse the public schema rather than guess a tenant."""
-    schema = connection.schema_name
-    if schema == get_public_schema_name():
-        raise TenantRequired("this task needs a tenant schema header (_schema_name)")
-    return schema
 
 
 @shared_task(name="runs.advance")
@@ -52,8 +40,6 @@ def advance_branch(run_id: str, index: int) -> str:
 @shared_task(name="runs.run_status", ignore_result=False)
 def run_status(run_id: str) -> dict:
     """The status of a run in the task's tenant, or not_found: used by operators' probes."""
-    from .models import Run
-
     schema = tenant_schema()
     run = Run.objects.filter(id=UUID(run_id)).values("status", "steps_taken").first()
     return {"schema": schema, "found": run is not None, **(run or {})}

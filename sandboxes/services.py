@@ -33,6 +33,8 @@ from django.conf import settings
 from django.db import connection
 
 from agentplatform.s3 import s3_client
+from tenants.models import Tenant
+from tenants.services import data_key_get
 
 from .egress import EgressPolicy, EgressRule, egress_rule_parse
 from .jail import (
@@ -76,8 +78,6 @@ def _associated_data(schema: str, run_id: UUID, visit: int, scope: str) -> bytes
 
 
 def _tenant(schema: str):
-    from tenants.models import Tenant
-
     return Tenant.objects.get(schema_name=schema)
 
 
@@ -165,7 +165,6 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
     """Compress, encrypt (tenant data key; tenant, run, visit and a branch's scope as associated
     data) and upload the workspace; record it. Re-taking the snapshot of a visit (of the run, or
     of one branch: `scope`) replaces it."""
-    from tenants.services import data_key_get
 
     data, count = workspace_pack(path)
     version, key = data_key_get(tenant=_tenant(schema))
@@ -183,7 +182,6 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
 
 def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -> None:
     """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`."""
-    from tenants.services import data_key_get
 
     blob = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=snapshot.object_key)["Body"].read()
     if hashlib.sha256(blob).hexdigest() != snapshot.sha256:

@@ -8,6 +8,7 @@ there; nothing is fetched), else from GOOGLE_OIDC_CERTS_URL, fetched with a time
 import json
 import threading
 import time
+import urllib.request
 
 import jwt
 from django.conf import settings
@@ -28,7 +29,6 @@ _cache: dict = {"source": None, "keys": {}, "fetched": 0.0}
 def _jwks_load() -> dict:
     if settings.GOOGLE_OIDC_JWKS:
         return json.loads(settings.GOOGLE_OIDC_JWKS)
-    import urllib.request
 
     with urllib.request.urlopen(settings.GOOGLE_OIDC_CERTS_URL,
                                 timeout=settings.GOOGLE_OIDC_FETCH_TIMEOUT_SECONDS) as response:

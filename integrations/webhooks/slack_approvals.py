@@ -9,6 +9,12 @@ from uuid import UUID
 
 from django.db import connection
 
+from runs.approvals.models import Approval
+from runs.effects.services import outbox_enqueue
+from tenants.models import Tenant
+
+from .models import SlackConnection
+
 log = logging.getLogger(__name__)
 
 SUMMARY_MAX_CHARS = 2500  # a section's text may hold 3000
@@ -53,10 +59,7 @@ def approval_message_build(*, approval, channel: str) -> dict:
 def slack_approval_announce(approval_id: UUID) -> None:
     """An ANNOUNCERS hook (approvals.services): post the approval to each of the tenant's Slack
     approvals channels, through the outbox. Runs in the tenant's schema."""
-    from runs.approvals.models import Approval
-    from tenants.models import Tenant
 
-    from .models import SlackConnection
 
     approval = Approval.objects.filter(id=approval_id).first()
     if approval is None or approval.kind != Approval.Kind.APPROVAL:
@@ -66,7 +69,6 @@ def slack_approval_announce(approval_id: UUID) -> None:
                     .values_list("approvals_channel", flat=True)) if tenant else []
     if not channels:
         return
-    from runs.effects.services import outbox_enqueue
 
     for channel in channels:
         outbox_enqueue(run_id=approval.run_id, name=f"slack_approval:{approval.id}:{channel}",

@@ -8,7 +8,7 @@ from celery import shared_task
 from django.db import connection
 
 from runs.approvals.services import ApprovalError, approval_decide, event_deliver
-from runs.tasks import tenant_schema
+from tenants.selection import tenant_schema
 
 from . import services
 

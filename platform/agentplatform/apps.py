@@ -1,5 +1,6 @@
-"""The composition root: wires the apps that plug into the engine into its ports
-(runs/engine/ports.py), once, at start-up. Last in INSTALLED_APPS, so every app is loaded;
+"""The composition root: wires the apps that plug into the engine into the ports of the layers
+below them (runs/engine/ports.py, runs/parked.py, runs/dispatch/ports.py) and the approvals
+inbox's announcers, once, at start-up. Last in INSTALLED_APPS, so every app is loaded;
 web processes, Celery workers (their Django fixup calls django.setup()) and management
 commands all run ready().
 """
@@ -14,10 +15,22 @@ class PlatformConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here: an app's services may load only once every app's models are ready.
-        from runs.approvals.services import approval_open, gate_open, wakeup_schedule
+        from integrations.webhooks.slack_approvals import slack_approval_announce
+        from runs.approvals.services import (
+            ANNOUNCERS,
+            approval_open,
+            event_deliver,
+            gate_open,
+            parked_cancel,
+            wakeup_cancel,
+            wakeup_fire,
+            wakeup_schedule,
+        )
+        from runs.dispatch.ports import TickHandlers, tick_handlers_wire
         from runs.effects.services import budget_checker, effect_perform, outbox_kick
         from runs.engine.ports import Ports, ports_wire
-        from runs.services import child_report, run_start
+        from runs.parked import Inbox, inbox_wire
+        from runs.services import child_report, run_start, runs_inspect_in_flight
         from sandboxes.services import SandboxSession
 
         ports_wire(Ports(
@@ -33,3 +46,11 @@ class PlatformConfig(AppConfig):
                 "child_report": child_report,
             },
         ))
+        inbox_wire(Inbox(
+            approval_open=approval_open, gate_open=gate_open, wakeup_schedule=wakeup_schedule,
+            wakeup_cancel=wakeup_cancel, event_deliver=event_deliver, parked_cancel=parked_cancel,
+        ))
+        tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
+                                        wakeup_fire=wakeup_fire))
+        if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process
+            ANNOUNCERS.append(slack_approval_announce)

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
+
 ROOT = Path(__file__).resolve().parents[2]  # platform/<package>/ -> the checkout
 
 
@@ -27,8 +29,6 @@ def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.05, what: 
 
 class CeleryProcess:
     def __init__(self, name: str, args: list[str], *, log_dir: Path, env: dict | None = None):
-        from django.conf import settings
-
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,8 +64,6 @@ class Worker(CeleryProcess):
 
     def __init__(self, name: str, concurrency: int = 1, *, log_dir: Path, env: dict | None = None,
                  queues: list[str] | None = None, pool: str = "prefork"):
-        from django.conf import settings
-
         queues = queues or [settings.CELERY_TASK_DEFAULT_QUEUE]
         super().__init__(name, ["worker", "-l", "info", "-Q", ",".join(queues),
                                 "-n", f"{name}@%h", "--pool", pool, "-c", str(concurrency),
@@ -75,12 +73,12 @@ class Worker(CeleryProcess):
     def outbox(cls, name: str, concurrency: int = 8, *, log_dir: Path,
                env: dict | None = None) -> "Worker":
         """A worker for outbox deliveries only: threads, since deliveries wait on receivers."""
-        from django.conf import settings
-
         queue = (env or {}).get("CELERY_OUTBOX_QUEUE", settings.CELERY_OUTBOX_QUEUE)
         return cls(name, concurrency, log_dir=log_dir, env=env, queues=[queue], pool="threads")
 
     def wait_ready(self, timeout: float = 60.0):
+        # Not at the top: importing the Celery app picks a settings module, and benchmarks
+        # choose theirs after importing this module.
         from agentplatform.celery import app
 
         def answers():

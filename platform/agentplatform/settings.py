@@ -6,6 +6,7 @@ Every variable is listed in README.md ("Configuration").
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parents[2]  # platform/agentplatform/ -> the checkout
 
@@ -16,8 +17,6 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured(
             "DJANGO_SECRET_KEY is not set (deploy/dev writes one into .env for local use)"
         )

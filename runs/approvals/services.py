@@ -18,9 +18,11 @@ from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from runs.dispatch.models import Wakeup
+from runs.effects.services import effect_outcome_decide
 from runs.events import event_record
 from runs.models import Checkpoint, Run
-from runs.services import RunError, run_resume
+from runs.services import RunError, run_fail_parked, run_resume
+from tenants.models import Tenant
 
 from .models import Approval, EventGate, InboundEvent
 
@@ -28,8 +30,6 @@ log = logging.getLogger(__name__)
 
 
 def wakeup_schedule(*, run_id: UUID, visit: int, due_at) -> None:
-    from tenants.models import Tenant
-
     tenant = Tenant.objects.get(schema_name=connection.schema_name)
     Wakeup.objects.update_or_create(
         run_id=run_id, visit=visit,
@@ -113,8 +113,6 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
             run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
                        update={"approval": decision}, event="approval_decided", **decision)
         elif approval.kind == Approval.Kind.BUDGET and not approve:
-            from runs.services import run_fail_parked
-
             event_record(run_id=run.id, kind="approval_decided", **decision)
             run_fail_parked(run_id=run.id, reason=f"budget exceeded; not raised by {by}")
         else:  # the step runs again at the same visit, with the person's answer applied
@@ -126,8 +124,6 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
 
 def _settle(approval: Approval, run: Run, *, approve: bool, by: str, result: Any = None) -> None:
     if approval.kind == Approval.Kind.EFFECT_OUTCOME:
-        from runs.effects.services import effect_outcome_decide
-
         effect_outcome_decide(run_id=run.id, request=approval.request, delivered=approve, by=by,
                               result=result)
     elif approval.kind == Approval.Kind.BUDGET:  # approved: double what ran out
@@ -258,8 +254,6 @@ def wakeup_fire(*, run_id: UUID, visit: int) -> str:
         waiting_on.save(update_fields=["status"])
         what = "approval" if approval else "event"
         if not waiting_on.on_timeout:
-            from runs.services import run_fail_parked
-
             run_fail_parked(run_id=run_id, reason=f"{what} timed out and the step declared no "
                                                   "on_timeout step")
             return "failed"

@@ -19,6 +19,7 @@ from django_tenants.utils import schema_context
 from agentplatform.doorbell import doorbell_ring
 
 from .models import ReadyRun, Wakeup
+from .ports import tick_handlers
 
 log = logging.getLogger(__name__)
 READY = f"public.{ReadyRun._meta.db_table}"
@@ -118,8 +119,6 @@ def dispatch_ready(*, budget: int | None = None) -> int:
 def watchdog() -> dict[str, int]:
     """Put back in line what a worker was handed but is not running: a message the broker
     lost, a run whose lease expired (dead or frozen worker). Drop rows of runs that left."""
-    from runs.services import runs_inspect_in_flight
-
     now = timezone.now()
     stale = ReadyRun.objects.filter(
         dispatched_at__lt=now - timedelta(seconds=settings.DISPATCH_CHECK_AFTER_SECONDS)
@@ -130,7 +129,7 @@ def watchdog() -> dict[str, int]:
     counts = {"requeued": 0, "dropped": 0}
     for schema, rows in by_schema.items():
         with schema_context(schema):
-            verdicts = runs_inspect_in_flight(rows=rows, now=now)
+            verdicts = tick_handlers().runs_inspect_in_flight(rows=rows, now=now)
         for row, verdict in zip(rows, verdicts, strict=True):
             if verdict == "requeue":
                 ReadyRun.objects.filter(id=row.id, dispatched_at=row.dispatched_at).update(
@@ -150,14 +149,12 @@ def wakeups_fire(*, limit: int = 500) -> int:
     Each in a transaction of its own that locks the run before anything else (decision 0008):
     holding the wakeup rows while waiting for runs would deadlock with a cancel, which locks
     the run and then deletes its wakeups. A wakeup fired twice is stale the second time."""
-    from runs.approvals.services import wakeup_fire
-
     fired = 0
     due = list(Wakeup.objects.filter(due_at__lte=timezone.now()).order_by("due_at")[:limit])
     for wakeup in due:
         try:
             with schema_context(wakeup.schema_name):
-                outcome = wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
+                outcome = tick_handlers().wakeup_fire(run_id=wakeup.run_id, visit=wakeup.visit)
         except Exception:  # one broken run must not hold up every other timer
             log.exception("wakeup of run %s failed; retrying next tick", wakeup.run_id)
             continue

@@ -31,6 +31,8 @@ from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
+from integrations.services import credential_get
+from runs.engine import LeaseLost
 from runs.engine.ports import (
     BudgetExceeded,
     EffectError,
@@ -135,7 +137,6 @@ def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, diges
                    schema: str) -> Effect:
     """Commit the pending row, only while our lease holds (a zombie worker acts on nothing):
     one statement, joined to the fence."""
-    from runs.engine import LeaseLost
 
     key = idempotency_key(schema=schema, run_id=scope.run_id, scope=scope.key, name=name)
     fence, fence_params = _fence(scope)
@@ -167,7 +168,6 @@ def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, diges
 def _attempt_start(scope: Scope, effect_id: int, name: str) -> bool:
     """Count an attempt of the effect, in one statement joined to the fence: a worker whose
     lease moved on can never start one. False if someone recorded its outcome meanwhile."""
-    from runs.engine import LeaseLost
 
     fence, fence_params = _fence(scope)
     with connection.cursor() as cursor:
@@ -215,7 +215,6 @@ def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
                 tokens_used=F("tokens_used") + int(usage.get("total_tokens", 0)),
                 cost_usd=F("cost_usd") + Decimal(str(result.get("cost_usd", 0))))
         if recorded and reconciled:
-
             event_record(run_id=effect.run_id, kind="effect_reconciled", effect=effect.name)
     if not recorded:  # someone recorded it first: theirs is the result
         return Effect.objects.get(id=effect.id).result
@@ -250,8 +249,6 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
 
 
 def _credentials(connector: str) -> dict:
-    from integrations.services import credential_get
-
     return credential_get(connector=connector, missing_ok=True)
 
 
@@ -404,7 +401,6 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
     with transaction.atomic():
         recorded = OutboxMessage.objects.filter(claim, id=message.id).update(**fields)
         if recorded and event:
-
             event_record(run_id=message.run_id, kind=event, message=message.id,
                          name=message.name, connector=message.connector, error=error)
     if not recorded:

@@ -4,7 +4,9 @@ on CELERY_OUTBOX_QUEUE (agentplatform.celery.task_route), never in the slots run
 from celery import shared_task
 from django_tenants.utils import tenant_context
 
+from runs.engine import worker_id
 from tenants.models import Tenant
+from tenants.selection import tenant_schema
 
 from . import services
 
@@ -15,9 +17,6 @@ OUTBOX_BATCH = 100  # messages per task
 def outbox_deliver_due() -> None:
     """Deliver this tenant's due outbox messages, each under a claim of its own (several of
     these run at once and never take the same message)."""
-    from runs.engine import worker_id
-    from runs.tasks import tenant_schema
-
     tenant_schema()
     for _ in range(OUTBOX_BATCH):
         if services.outbox_deliver_next(owner=worker_id()) is None:

@@ -17,6 +17,7 @@ from django.utils.duration import duration_iso_string
 
 from runs.agents import RetentionPolicy, UnknownAgent, registry
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
+from runs.serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
 from .models import Archive, RunRetention
 
@@ -136,8 +137,6 @@ def _instances(model: type[models.Model], rows: list[dict]) -> list[models.Model
 def history_from_rows(rows: dict[str, list[dict]]) -> dict:
     """A run's history as the API shows it: run, events, checkpoints, log entries, and the rows
     of any other run table under `related` (by table name)."""
-    from runs.api import CheckpointSerializer, EventSerializer, RunSerializer
-
     rows = dict(rows)
     run_rows_ = rows.pop(Run._meta.db_table)
     events = sorted(_instances(RunEvent, rows.pop(RunEvent._meta.db_table, [])), key=lambda e: e.id)

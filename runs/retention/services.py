@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from uuid import UUID
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -73,7 +74,6 @@ class PassReport:
 
 def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | None = None) -> PassReport:
     """One tenant's retention work (run in its schema): compact, then archive what is due."""
-    from django.conf import settings
 
     now = now or timezone.now()
     report = PassReport(compacted_checkpoints=shallow_compact(),

@@ -7,8 +7,8 @@ from django.db import connection
 from django_tenants.utils import get_public_schema_name, tenant_context
 
 from integrations.webhooks.services import inbox_prune
-from runs.tasks import tenant_schema
 from tenants.models import Tenant
+from tenants.selection import tenant_schema
 
 from . import services
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from tenants.models import Tenant
+from tenants.services import api_key_create
+
 
 def demo_key_path(tenant: str) -> Path:
     return Path(settings.BASE_DIR) / ".dev" / f"demo-api-key-{tenant}"
@@ -23,8 +26,6 @@ def demo_key(tenant: str) -> str:
     path = demo_key_path(tenant)
     if path.exists():
         return path.read_text().strip()
-    from tenants.models import Tenant
-    from tenants.services import api_key_create
 
     tenant_row = Tenant.objects.filter(schema_name=tenant).first()
     if tenant_row is None:

@@ -9,6 +9,10 @@ import uuid
 from django.core.management.base import BaseCommand, CommandError
 from django_tenants.utils import tenant_context
 
+from runs.models import Run
+from runs.services import run_start
+from tenants.services import tenant_create
+
 from .demo_event import demo_key, demo_key_path
 
 
@@ -24,10 +28,6 @@ class Command(BaseCommand):
                                                             "http://127.0.0.1:8000"))
 
     def handle(self, tenant, timeout, hardware_timeout, url, **options):
-        from runs.models import Run
-        from runs.services import run_start
-        from tenants.services import tenant_create
-
         demo = tenant_create(schema_name=tenant).tenant
         demo_key(tenant)  # minted now, so the commands printed below work as they are
         email = f"ada-{uuid.uuid4().hex[:6]}@{tenant}.test"
