@@ -17,9 +17,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 from django_tenants.utils import tenant_context
-from rest_framework.test import APIClient
 
 from agentplatform import localprocs
+from tests.support.api import api_client
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,13 +80,6 @@ def globex():
 def in_acme(acme):
     with tenant_context(acme):
         yield acme
-
-
-def api_client(key: str | None) -> APIClient:
-    client = APIClient()
-    if key:
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
-    return client
 
 
 @pytest.fixture

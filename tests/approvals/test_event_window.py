@@ -14,7 +14,7 @@ from django_tenants.utils import tenant_context
 from runs.approvals.models import EventGate, InboundEvent
 from runs.approvals.services import event_deliver, gate_open
 from runs.models import Checkpoint, Run
-from tests.approvals.test_inbox import start, status_of
+from tests.support.api import start, status_of
 from tests.support.waiting import wait_for
 
 

@@ -7,23 +7,7 @@ from django_tenants.utils import tenant_context
 from runs.approvals.models import Approval, EventGate, InboundEvent
 from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Run, RunEvent
-from tests.support.waiting import wait_for
-
-
-def start(api, **input):
-    response = api.post("/api/v1/runs", {"agent": "waiter", "input": input}, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
-
-
-def status_of(api, run_id, wanted, timeout=30):
-    return wait_for(lambda: (r := api.get(f"/api/v1/runs/{run_id}").json())["status"] == wanted
-                    and r, timeout=timeout, what=f"run {run_id} to be {wanted}")
-
-
-def pending_approval(api, run_id):
-    return wait_for(lambda: api.get(f"/api/v1/approvals?status=pending&run={run_id}")
-                    .json()["results"], what="the approval")[0]
+from tests.support.api import pending_approval, start, status_of
 
 
 def test_parked_run_holds_nothing_and_resumes_on_the_decision(acme, acme_api, worker):
@@ -71,7 +55,7 @@ def test_approve_with_an_edited_artifact_and_reject(acme_api, worker):
 
 def test_only_named_deciders_may_decide(acme, acme_api, worker):
     from tenants.services import api_key_create
-    from tests.conftest import api_client
+    from tests.support.api import api_client
 
     cfo = api_client(api_key_create(tenant=acme, name="cfo")[1])
     run_id = start(acme_api, how="approval", deciders=["api:cfo"])

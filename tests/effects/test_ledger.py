@@ -2,19 +2,12 @@
 
 import random
 
-from runs import engine
 from runs.approvals.models import Approval
 from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
 from runs.services import run_start
+from tests.support.runs import finished
 from tests.support.waiting import wait_for
-
-
-def finished(run_id):
-    outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
-    while outcome == engine.Outcome.SLICE_USED:
-        outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
-    return Run.objects.get(id=run_id)
 
 
 def test_a_step_that_runs_again_gets_the_recorded_result(in_acme, receiver):

@@ -10,20 +10,13 @@ are simply made again, and a person who says "it was delivered" can give the ste
 import time
 
 from integrations.services import credential_set
-from runs import engine
 from runs.approvals.models import Approval
 from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
 from runs.services import run_start
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
+from tests.support.runs import finished
 from tests.support.waiting import wait_for
-
-
-def finished(run_id):
-    outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
-    while outcome == engine.Outcome.SLICE_USED:
-        outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
-    return Run.objects.get(id=run_id)
 
 
 def test_slow_receiver_gets_each_message_once_and_runs_are_not_held_up(

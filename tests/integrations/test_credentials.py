@@ -147,7 +147,7 @@ def test_the_api_rejects_bad_requests_with_codes(clean, acme_api):
         response = acme_api.put(url, body, format="json")
         assert response.status_code == 400, (url, response.content)
         assert response.json()["error"]["code"] == code
-    from tests.conftest import api_client
+    from tests.support.api import api_client
 
     assert api_client(None).get("/api/v1/credentials").status_code == 401
 

@@ -14,21 +14,7 @@ from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
 from runs.transitions import finish, goto
 from tests.support.agents import ATTEMPTS
-
-
-def start(agent, **kwargs):
-    return run_start(agent=agent, enqueue=False, **kwargs).run
-
-
-def finished(run_id, **kwargs):
-    outcome = engine.advance(run_id=run_id, sleep=lambda s: None, **kwargs)
-    while outcome == engine.Outcome.SLICE_USED:
-        outcome = engine.advance(run_id=run_id, sleep=lambda s: None, **kwargs)
-    return Run.objects.get(id=run_id)
-
-
-def kinds(run):
-    return list(RunEvent.objects.filter(run=run).order_by("id").values_list("kind", flat=True))
+from tests.support.runs import finished, kinds, start
 
 
 def test_research_agent_appends_one_finding_per_iteration(in_acme):

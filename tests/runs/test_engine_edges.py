@@ -17,7 +17,7 @@ from runs.effects.services import EffectError, Scope, args_digest, effect_perfor
 from runs.models import Branch, Run, RunEvent
 from runs.services import run_requeue
 from tests.effects.receiver import Receiver
-from tests.runs.test_engine import finished, kinds, start
+from tests.support.runs import finished, kinds, start
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from agentplatform import localprocs
 from runs.models import Run, RunEvent
 from runs.services import RunError, run_migrate, run_start
 from tests.conftest import LOGS
-from tests.runs.test_engine import finished, kinds, start
 from tests.support import rollout_v2_agents  # noqa: F401  (this process knows v2 and v3)
+from tests.support.runs import finished, kinds, start
 from tests.support.waiting import wait_for
 
 

@@ -14,7 +14,7 @@ from tenants.services import (
     tenant_reactivate,
     tenant_suspend,
 )
-from tests.conftest import api_client
+from tests.support.api import api_client
 
 
 def error_of(response):

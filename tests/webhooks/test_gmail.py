@@ -11,7 +11,7 @@ from integrations.webhooks.models import GmailMessageSeen
 from integrations.webhooks.services import gmail_connection_create
 from runs.approvals.models import InboundEvent
 from runs.models import RunEvent
-from tests.approvals.test_inbox import start, status_of
+from tests.support.api import start, status_of
 from tests.webhooks.google import Signer, push_body
 
 SERVICE_ACCOUNT = "gmail-push@acme-project.iam.gserviceaccount.com"

@@ -19,8 +19,8 @@ from integrations.webhooks.models import InboxItem, SlackEventSeen
 from integrations.webhooks.services import inbox_deliver, inbox_prune
 from runs.approvals.models import Approval, InboundEvent
 from runs.models import RunEvent
-from tests.approvals.test_inbox import pending_approval, start, status_of
 from tests.conftest import Worker
+from tests.support.api import pending_approval, start, status_of
 from tests.support.waiting import wait_for
 from tests.webhooks.slack import click_body, event_body
 from tests.webhooks.test_slack import acme_slack, click, post_event  # noqa: F401

@@ -12,7 +12,7 @@ from integrations.webhooks.services import slack_connection_create
 from runs.agents import registry
 from runs.effects.models import Effect
 from runs.models import Run
-from tests.approvals.test_inbox import pending_approval, status_of
+from tests.support.api import pending_approval, status_of
 from tests.support.fakes.fixtures import smtp_server  # noqa: F401
 from tests.support.waiting import wait_for
 from tests.webhooks.slack import click_body, signed_headers

@@ -12,7 +12,7 @@ from integrations.webhooks.models import SlackConnection, SlackEventSeen
 from integrations.webhooks.services import slack_connection_create
 from runs.approvals.models import Approval, InboundEvent
 from runs.models import RunEvent
-from tests.approvals.test_inbox import pending_approval, start, status_of
+from tests.support.api import pending_approval, start, status_of
 from tests.support.waiting import wait_for
 from tests.webhooks.slack import click_body, event_body, signed_headers
 

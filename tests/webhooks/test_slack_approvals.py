@@ -46,7 +46,7 @@ def test_parked_approval_goes_to_slack_through_the_outbox_and_a_click_decides_it
     from integrations.services import credential_set
     from integrations.webhooks.services import slack_connection_create
     from runs.effects.models import OutboxMessage
-    from tests.approvals.test_inbox import status_of
+    from tests.support.api import status_of
     from tests.webhooks.slack import click_body, signed_headers
 
     secret = uuid.uuid4().hex
