@@ -12,7 +12,8 @@ import re
 
 REDACTED = "[redacted]"
 
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
+# a URL ends before whitespace, quotes, and the punctuation of the sentence around it
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`:.,;)\]]")
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@")
 _QUERY_VALUE = re.compile(r"([?&;][^=&#;?]*=)[^&#;]*")
 _SLACK_HOOK = re.compile(r"(/services)/[^?#]+")
