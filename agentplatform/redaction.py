@@ -67,7 +67,10 @@ class SecretsRedactingFilter(logging.Filter):
     """Log handlers' filter: the formatted message (and traceback) pass through secrets_redact."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001  (bad arguments: the handler reports it, as without us)
+            return True
         redacted = secrets_redact(message)
         if redacted != message:
             record.msg, record.args = redacted, None
