@@ -27,7 +27,7 @@ from integrations.connectors import ConnectorError, connector_get
 from integrations.connectors.transport import address_refusal, destination_resolve, request
 
 ZONE = ".ssrf.test"
-PUBLIC = "8.8.8.8"  # globally routable; a connect to it fails here, or times out (1 s below)
+PUBLIC = "8.8.8.8"  # globally routable: only ever checked, never connected to (no traffic leaves this machine)
 
 
 class Zone:
@@ -110,16 +110,16 @@ def test_a_tenant_url_into_our_networks_is_refused_before_connecting(guarded, zo
     assert fake_webhook.deliveries == []
 
 
-def test_a_name_that_rebinds_to_loopback_on_the_second_lookup_never_reaches_it(
-        guarded, zone, fake_webhook, call):
-    guarded.CONNECTOR_HTTP_PORTS = [fake_webhook.port]
-    zone.answers["rebind.ssrf.test"] = [[PUBLIC], ["127.0.0.1"]]
-    # it goes to the checked public address, which does not answer here (or times out after 1 s)
-    with pytest.raises(ConnectorError, match=f"rebind.ssrf.test:{fake_webhook.port}/"):
-        connector_get("webhook").execute(
-            webhook_call(call, f"http://rebind.ssrf.test:{fake_webhook.port}/hook"))
+def test_a_name_that_rebinds_on_the_second_lookup_is_reached_at_the_address_that_was_checked(
+        zone, fake_webhook, call):
+    # Loopback only (this machine talks to no other address): private destinations are allowed
+    # here, so what is tested is the pinning. The second answer points where nothing listens;
+    # a client that looked the name up again would fail to connect there.
+    zone.answers["rebind.ssrf.test"] = [["127.0.0.1"], ["127.0.0.2"]]
+    connector_get("webhook").execute(
+        webhook_call(call, f"http://rebind.ssrf.test:{fake_webhook.port}/hook"))
     assert zone.lookups["rebind.ssrf.test"] == 1
-    assert fake_webhook.deliveries == []
+    assert len(fake_webhook.deliveries) == 1
 
 
 def test_a_name_that_fails_to_resolve_is_refused_even_if_it_resolves_later(
@@ -180,15 +180,13 @@ def test_the_platforms_relay_is_trusted_but_a_tenant_smtp_host_on_it_is_not(
     assert len(smtp_server.messages) == 1
 
 
-def test_a_tenant_smtp_host_that_rebinds_to_loopback_never_reaches_it(guarded, zone, smtp_server,
-                                                                      call):
-    guarded.CONNECTOR_SMTP_PORTS = [smtp_server.port]
-    zone.answers["mail.ssrf.test"] = [[PUBLIC], ["127.0.0.1"]]
-    with pytest.raises(ConnectorError, match="cannot open an SMTP session"):
-        connector_get("email").execute(call({"to": "a@example.com", "subject": "s", "body": "b"},
-                                            {"host": "mail.ssrf.test", "port": smtp_server.port}))
+def test_a_tenant_smtp_host_that_rebinds_is_reached_at_the_address_that_was_checked(
+        zone, smtp_server, call):
+    zone.answers["mail.ssrf.test"] = [["127.0.0.1"], ["127.0.0.2"]]  # as above: loopback only
+    connector_get("email").execute(call({"to": "a@example.com", "subject": "s", "body": "b"},
+                                        {"host": "mail.ssrf.test", "port": smtp_server.port}))
     assert zone.lookups["mail.ssrf.test"] == 1
-    assert smtp_server.messages == []
+    assert len(smtp_server.messages) == 1
 
 
 def test_a_tenant_smtp_host_that_does_not_resolve_is_refused(guarded, zone, smtp_server, call):
