@@ -1,10 +1,19 @@
 """The session log's one writer: `event_record` appends a RunEvent row. Imports no other app,
-so every layer can record what happened to a run."""
+so every layer can record what happened to a run. Tenants read these rows: their error texts are
+redacted of credentials and secret URL parts (agentplatform.redaction) on the way in."""
 
 from uuid import UUID
 
+from agentplatform.redaction import secrets_redact_data
+
 from .models import RunEvent
+
+# The fields that carry error texts (an exception's message, a traceback, why a run stopped).
+ERROR_FIELDS = ("error", "traceback", "reason")
 
 
 def event_record(*, run_id: UUID, kind: str, visit: int | None = None, **data) -> None:
+    for name in ERROR_FIELDS:
+        if name in data:
+            data[name] = secrets_redact_data(data[name])
     RunEvent.objects.create(run_id=run_id, kind=kind, visit=visit, data=data)

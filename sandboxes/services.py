@@ -19,6 +19,7 @@ the local copy: it is `durable` (its step's snapshot was taken), or this process
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from botocore.exceptions import BotoCoreError, ClientError
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import connection
@@ -48,6 +50,8 @@ from .jail import (
 )
 from .models import SandboxEgressRule, SandboxExecution, WorkspaceSnapshot
 from .selectors import egress_rules
+
+log = logging.getLogger("sandboxes.services")
 
 SNAPSHOT_MAGIC = b"APWS1\n"
 _process_token: tuple[int, str] | None = None
@@ -170,8 +174,11 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
     version, key = data_key_get(tenant=_tenant(schema))
     blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit, scope=scope)
     object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit, scope=scope)
-    s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
-                           Metadata={"key-version": str(version)})
+    try:
+        s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
+                               Metadata={"key-version": str(version)})
+    except (BotoCoreError, ClientError) as exc:
+        raise _store_unavailable("store", object_key, exc) from None
     snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
         run_id=run_id, visit=visit, scope=scope,
         defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
@@ -183,7 +190,11 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
 def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -> None:
     """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`."""
 
-    blob = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=snapshot.object_key)["Body"].read()
+    try:
+        blob = s3_client().get_object(Bucket=settings.S3_BUCKET,
+                                      Key=snapshot.object_key)["Body"].read()
+    except (BotoCoreError, ClientError) as exc:
+        raise _store_unavailable("read", snapshot.object_key, exc) from None
     if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
         raise SandboxError(f"workspace snapshot {snapshot.object_key} does not match its record")
     _, key = data_key_get(tenant=_tenant(schema), version=snapshot.key_version)
@@ -193,6 +204,13 @@ def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -
     uid = host_uid()
     if uid is not None:
         workspace_chown(path, uid)
+
+
+def _store_unavailable(verb: str, object_key: str, exc: Exception) -> SandboxError:
+    """A neutral error for the step (tenants read it); the S3 detail names the internal
+    endpoint, so it goes to the operators' log only."""
+    log.warning("S3 could not %s workspace snapshot %s: %s", verb, object_key, exc)
+    return SandboxError("the workspace store is unavailable; try again later")
 
 
 # -- egress allow-list ------------------------------------------------------------------------

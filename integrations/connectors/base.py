@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
 
+from agentplatform.redaction import secrets_redact
+
 
 @dataclass(frozen=True)
 class Call:
@@ -24,10 +26,11 @@ class Call:
 
 class ConnectorError(Exception):
     """The receiver refused or failed. `retryable`: trying again may succeed; `sent`: the
-    request may have reached the receiver (so a blind retry could act twice)."""
+    request may have reached the receiver (so a blind retry could act twice). The message is
+    redacted (agentplatform.redaction) when built: it travels into rows, events and logs."""
 
     def __init__(self, message: str, *, retryable: bool, sent: bool = False):
-        super().__init__(message)
+        super().__init__(secrets_redact(message))
         self.retryable, self.sent = retryable, sent
 
 

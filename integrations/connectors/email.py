@@ -15,10 +15,11 @@ import smtplib
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMessage
+from django.core.mail.backends.smtp import EmailBackend
 
 from .base import Call, Connector, ConnectorError, connector_register
-from .transport import destination_check
+from .transport import Destination, destination_resolve
 
 
 def message_id_for(idempotency_key: str) -> str:
@@ -41,21 +42,28 @@ class EmailConnector(Connector):
                 raise ConnectorError(f"email: {field!r} must be a string", retryable=False)
         message_id = message_id_for(call.idempotency_key)
         if creds.get("host"):  # the tenant's own server: its values only, never ours
-            destination_check(creds["host"], receiver="email")
-            smtp = {"host": creds["host"], "port": int(creds.get("port", 587)),
+            try:
+                port = int(creds.get("port", 587))
+            except (TypeError, ValueError):
+                raise ConnectorError("email: the credential's 'port' is not a number",
+                                     retryable=False) from None
+            destination = destination_resolve(str(creds["host"]), port, receiver="email",
+                                              ports=settings.CONNECTOR_SMTP_PORTS)
+            smtp = {"host": destination.host, "port": port,
                     "username": creds.get("username", ""), "password": creds.get("password", ""),
                     "use_tls": bool(creds.get("use_tls", False)),
                     "use_ssl": bool(creds.get("use_ssl", False))}
             sender, reply_to = args.get("from") or creds.get("from") or settings.DEFAULT_FROM_EMAIL, []
         else:  # the platform's relay: its login never goes elsewhere, and it sends as itself
+            destination = destination_resolve(settings.EMAIL_HOST, settings.EMAIL_PORT,
+                                              receiver="email", ports=(), operator=True)
             smtp = {"host": settings.EMAIL_HOST, "port": settings.EMAIL_PORT,
                     "username": settings.EMAIL_HOST_USER, "password": settings.EMAIL_HOST_PASSWORD,
                     "use_tls": settings.EMAIL_USE_TLS, "use_ssl": settings.EMAIL_USE_SSL}
             sender = settings.DEFAULT_FROM_EMAIL
             reply_to = [args["from"]] if args.get("from") else []
-        backend = get_connection("django.core.mail.backends.smtp.EmailBackend",
-                                 timeout=settings.CONNECTOR_TIMEOUT_SECONDS, fail_silently=False,
-                                 **smtp)
+        backend = PinnedEmailBackend(destination=destination, fail_silently=False,
+                                     timeout=settings.CONNECTOR_TIMEOUT_SECONDS, **smtp)
         message = EmailMessage(
             subject=args["subject"], body=args["body"], to=recipients, from_email=sender,
             reply_to=reply_to, connection=backend,
@@ -88,6 +96,28 @@ class EmailConnector(Connector):
             except (smtplib.SMTPException, OSError):
                 pass  # the message was handed over (or the error above says why not)
         return {"message_id": message_id, "recipients": recipients}
+
+
+class PinnedEmailBackend(EmailBackend):
+    """Django's SMTP backend, connecting to the destination's checked address only; the name
+    stays the TLS server_hostname (SMTPS and STARTTLS), so certificates are checked against it."""
+
+    def __init__(self, *, destination: Destination, **kwargs):
+        super().__init__(**kwargs)
+        self.destination = destination
+
+    @property
+    def connection_class(self):
+        destination = self.destination
+
+        class PinnedSMTP(smtplib.SMTP_SSL if self.use_ssl else smtplib.SMTP):
+            def _get_socket(self, host, port, timeout):
+                sock = destination.connect(timeout)
+                if isinstance(self, smtplib.SMTP_SSL):  # self._host is the name given, not the IP
+                    sock = self.context.wrap_socket(sock, server_hostname=self._host)
+                return sock
+
+        return PinnedSMTP
 
 
 def _reason(exc: BaseException) -> str:

@@ -49,9 +49,11 @@ class ModelConnector(Connector):
             raise ConnectorError("model: no api_key in the tenant's model credential", retryable=False)
         body = {"model": args["model"], "messages": args["messages"],
                 **{key: args[key] for key in OPTIONAL if key in args}}
-        base = (call.credentials.get("base_url") or settings.OPENAI_BASE_URL).rstrip("/")
+        tenant_url = call.credentials.get("base_url")
+        base = (tenant_url or settings.OPENAI_BASE_URL).rstrip("/")
         response = transport.request(
             "POST", f"{base}/chat/completions", body=json.dumps(body).encode(), receiver="model",
+            operator=not tenant_url,
             headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                      "Idempotency-Key": call.idempotency_key})
         answer = response.json()

@@ -56,9 +56,11 @@ class PaymentsConnector(Connector):
         params = {key: args[key] for key in FIELDS if key in args}
         if args.get("metadata"):
             params["metadata"] = args["metadata"]
-        base = (call.credentials.get("api_url") or settings.STRIPE_API_URL).rstrip("/")
+        tenant_url = call.credentials.get("api_url")
+        base = (tenant_url or settings.STRIPE_API_URL).rstrip("/")
         response = transport.request(
             "POST", f"{base}/v1/charges", body=form_encode(params), receiver="payments",
+            operator=not tenant_url,
             headers={"Authorization": f"Bearer {secret}", "Idempotency-Key": call.idempotency_key,
                      "Content-Type": "application/x-www-form-urlencoded"})
         answer = response.json()

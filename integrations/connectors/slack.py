@@ -70,12 +70,14 @@ class SlackConnector(Connector):
         token = call.credentials.get("token")
         if not token:
             raise ConnectorError("slack: no bot token in the tenant's slack credential", retryable=False)
-        base = (call.credentials.get("api_url") or settings.SLACK_API_URL).rstrip("/")
+        tenant_url = call.credentials.get("api_url")
+        base = (tenant_url or settings.SLACK_API_URL).rstrip("/")
         headers = {"Authorization": f"Bearer {token}"}
         if body is not None:
             headers["Content-Type"] = "application/json; charset=utf-8"
         response = transport.request(method, f"{base}/{method_and_query}", headers=headers, body=body,
-                                     receiver="slack")
+                                     receiver="slack",
+                                     operator=not tenant_url)
         answer = response.json()
         if response.status == 429 or (isinstance(answer, dict) and answer.get("error") == "ratelimited"):
             raise ConnectorError(f"slack: ratelimited{response.retry_after()}", retryable=True)

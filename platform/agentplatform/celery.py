@@ -2,8 +2,11 @@
 
 import os
 
+from celery.signals import after_setup_logger, after_setup_task_logger
 from django.conf import settings
 from tenant_schemas_celery.app import CeleryApp
+
+from agentplatform.redaction import SecretsRedactingFilter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
 
@@ -18,3 +21,12 @@ def task_route(name, args, kwargs, options, task=None, **kw):
     if name.startswith("effects.outbox_"):
         return {"queue": settings.CELERY_OUTBOX_QUEUE}
     return None
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def logs_redacted(logger, **kwargs):
+    """A worker replaces the root logger's handlers with its own: they redact secrets too."""
+    for handler in logger.handlers:
+        if not any(isinstance(f, SecretsRedactingFilter) for f in handler.filters):
+            handler.addFilter(SecretsRedactingFilter())

@@ -206,8 +206,13 @@ CONNECTOR_TIMEOUT_SECONDS = env.float("CONNECTOR_TIMEOUT_SECONDS", default=30.0)
 # How long an outbox delivery is claimed for: longer than any connector call (and a lookup),
 # so a live claim is never taken over; an expired one means its deliverer died.
 OUTBOX_CLAIM_SECONDS = env.float("OUTBOX_CLAIM_SECONDS", default=2 * CONNECTOR_TIMEOUT_SECONDS + 30)
-# Tenant-supplied URLs and SMTP hosts may not point into private/loopback networks (SSRF);
-# tests and single-machine demos that run receivers on loopback turn this on.
+# Tenant-supplied URLs and SMTP hosts must resolve only to public addresses and use one of these
+# ports (SSRF; docs/connectors.md). Hosts from the settings below are the operator's: trusted.
+CONNECTOR_HTTP_PORTS = [int(port) for port in env.list("CONNECTOR_HTTP_PORTS", default=["80", "443"])]
+CONNECTOR_SMTP_PORTS = [int(port) for port in env.list("CONNECTOR_SMTP_PORTS",
+                                                       default=["25", "465", "587"])]
+# Development and tests only: tenant destinations may be private and on any port (the fakes of
+# Slack, Stripe, OpenAI and SMTP listen on loopback at free ports). Never in production.
 CONNECTOR_ALLOW_PRIVATE_DESTINATIONS = env.bool("CONNECTOR_ALLOW_PRIVATE_DESTINATIONS",
                                                 default=False)
 EMAIL_HOST = env("EMAIL_HOST", default="localhost")
@@ -262,6 +267,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # credentials and secret URL parts never reach a log line (agentplatform/redaction.py)
+    "filters": {"secrets": {"()": "agentplatform.redaction.SecretsRedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["secrets"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
 }

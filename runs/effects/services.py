@@ -29,6 +29,7 @@ from opentelemetry import trace
 
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
+from agentplatform.redaction import secrets_redact
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from integrations.services import credential_get
@@ -119,13 +120,14 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     try:
         result = receiver.execute(call)
     except ConnectorError as exc:
+        error = secrets_redact(str(exc))
         if exc.sent and not resend_is_safe:
             Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
-                status=Effect.Status.UNKNOWN, error=str(exc), maybe_sent=True)
-            effect.status, effect.error = Effect.Status.UNKNOWN, str(exc)
+                status=Effect.Status.UNKNOWN, error=error, maybe_sent=True)
+            effect.status, effect.error = Effect.Status.UNKNOWN, error
             raise NeedsPerson("effect_outcome", _unknown_request(effect)) from exc
         Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
-            status=Effect.Status.FAILED, error=str(exc), retryable=exc.retryable,
+            status=Effect.Status.FAILED, error=error, retryable=exc.retryable,
             maybe_sent=exc.sent)
         if exc.retryable:
             raise EffectError(f"effect {name!r} via {connector}: {exc}") from exc
@@ -391,6 +393,7 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
               attempts=message.attempts)
     if status == OutboxMessage.Status.DELIVERED:
         claim |= Q(status=OutboxMessage.Status.UNKNOWN)
+    error = secrets_redact(error)
     fields = {"status": status, "claimed_by": "", "claimed_until": None, "last_error": error,
               "maybe_sent": sent}
     if status == OutboxMessage.Status.DELIVERED:

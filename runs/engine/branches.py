@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentplatform.redaction import secrets_redact
 from runs.dispatch.services import ready_clear, ready_defer, ready_mark
 
 from ..events import event_record
@@ -97,7 +98,7 @@ def _branch_finish(branch: Branch, *, ok: bool, value: Any = None, error: str = 
     with transaction.atomic():
         Run.objects.select_for_update().filter(id=branch.run_id).first()  # serialise the last two
         branch_fence(branch, status=Branch.Status.DONE if ok else Branch.Status.FAILED,
-                     result=value, error=error, lease_owner="", lease_expires_at=None,
+                     result=value, error=secrets_redact(error), lease_owner="", lease_expires_at=None,
                      finished_at=timezone.now())
         ready_clear(run_id=branch.run_id, branch=branch.index)
         open_branches = Branch.objects.filter(

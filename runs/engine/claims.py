@@ -3,7 +3,6 @@ defer or end it when it cannot run here (unknown code, poison step, cancel asked
 
 import logging
 import time
-import traceback
 from uuid import UUID
 
 from django.conf import settings
@@ -113,9 +112,9 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     except (DatabaseError, CheckpointWriteFailed):
         raise  # the database is away: the lease expires and the watchdog retries the run
     except Exception as exc:  # a bug in the platform, not in a step: park, never loop
+        # the traceback is all platform frames: operators read it in the log, tenants do not
         log.exception("engine error on run %s", run_id)
-        event_record(run_id=run.id, kind="engine_error", error=f"{type(exc).__name__}: {exc}",
-                     traceback=traceback.format_exc(limit=30)[-6000:])
+        event_record(run_id=run.id, kind="engine_error", error=f"{type(exc).__name__}: {exc}")
         return run_park_refused(run=run, epoch=epoch, reason=(
             f"engine error: {type(exc).__name__}: {exc}; fix and re-queue it from the console"))
     finally:

@@ -1,14 +1,17 @@
 """The step loop (`Harness`): runs one claimed run's steps, checkpoints each transition, and
 ends the run or parks it as rows when it waits."""
 
+import inspect
 import time
 import traceback
+from types import TracebackType
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.redaction import secrets_redact
 from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
@@ -34,6 +37,9 @@ from .ports import BudgetExceeded, EffectRefused, NeedsPerson, idempotency_key, 
 from .writer import CheckpointWriter, Position, position_load
 
 tracer = trace.get_tracer("agentplatform.runs")
+
+TRACEBACK_MAX_FRAMES = 20
+TRACEBACK_MAX_CHARS = 4000
 
 CANCEL_POLL_SECONDS = 0.5
 
@@ -160,12 +166,13 @@ class Harness:
                     raise ctx.interrupt from exc
                 if isinstance(exc, EffectRefused):
                     raise StepError(str(exc)) from exc
-                self.last_error = f"step {step.name!r} raised {type(exc).__name__}: {exc}"
+                self.last_error = secrets_redact(
+                    f"step {step.name!r} raised {type(exc).__name__}: {exc}")
                 will_retry = attempt < policy.max_attempts
                 event_record(
                     run_id=self.run.id, kind="step_error", visit=position.visit, step=step.name,
                     attempt=attempt, will_retry=will_retry, error=self.last_error,
-                    traceback=traceback.format_exc(limit=20)[-4000:],
+                    traceback=step_traceback(exc, step.fn),
                 )
                 if will_retry:
                     self.sleep(policy.backoff(attempt))
@@ -220,6 +227,7 @@ class Harness:
              error: str = "", result: Any = None) -> Outcome:
         run = self.run
         kind = event or {"succeeded": "run_succeeded", "failed": "run_failed"}.get(status, status)
+        error = secrets_redact(error)
         with transaction.atomic():
             self.writer.commit_final(
                 position, status=status, result=result, error=error, lease_owner="",
@@ -305,3 +313,19 @@ class Harness:
                          step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
         return Outcome.PARKED
 
+
+def step_traceback(exc: BaseException, fn) -> str:
+    """The traceback a tenant reads in a `step_error` event: the frames from the step function
+    down, never the engine's and the platform's above it (their paths and code are the
+    operator's); redacted. An error raised outside the step's body (after it returned) shows
+    the exception alone."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not code:
+        tb = tb.tb_next
+    if tb is None:
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+    else:
+        text = "".join(traceback.format_exception(type(exc), exc, tb, limit=TRACEBACK_MAX_FRAMES,
+                                                  chain=False))
+    return secrets_redact(text)[-TRACEBACK_MAX_CHARS:]

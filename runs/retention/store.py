@@ -1,6 +1,9 @@
-"""The archive store: S3 objects written, read back and checked. Any S3 failure is one error."""
+"""The archive store: S3 objects written, read back and checked. Any S3 failure is one error,
+with a neutral message (it reaches the API and the Archive row); the S3 detail, which names the
+internal endpoint, goes to the log for operators."""
 
 import hashlib
+import logging
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
@@ -8,6 +11,9 @@ from django.conf import settings
 from agentplatform.s3 import s3_client
 
 from .envelope import ArchiveCorrupt, ArchiveError
+
+log = logging.getLogger("runs.retention.store")
+UNAVAILABLE = "the archive store is unavailable; try again later"
 
 
 class ArchiveStoreUnavailable(ArchiveError):
@@ -27,7 +33,8 @@ def object_put_verified(*, key: str, blob: bytes) -> str:
                           ContentType="application/octet-stream", Metadata={"sha256": digest})
         stored = client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
     except (BotoCoreError, ClientError) as exc:
-        raise ArchiveStoreUnavailable(f"S3 could not store {key}: {exc}") from exc
+        log.warning("S3 could not store %s: %s", key, exc)
+        raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
     if hashlib.sha256(stored).hexdigest() != digest:
         raise ArchiveCorrupt(f"{key}: the object read back ({len(stored)} bytes) is not the one "
                              f"uploaded ({len(blob)} bytes)")
@@ -40,9 +47,11 @@ def object_get(*, key: str) -> bytes:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             raise ArchiveCorrupt(f"{key}: the archive object is missing from the bucket") from exc
-        raise ArchiveStoreUnavailable(f"S3 could not read {key}: {exc}") from exc
+        log.warning("S3 could not read %s: %s", key, exc)
+        raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
     except BotoCoreError as exc:
-        raise ArchiveStoreUnavailable(f"S3 could not read {key}: {exc}") from exc
+        log.warning("S3 could not read %s: %s", key, exc)
+        raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
 
 
 def objects_under(*, prefix: str) -> list[str]:

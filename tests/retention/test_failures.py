@@ -48,11 +48,12 @@ def test_s3_down_mid_job_prunes_nothing_more_and_a_later_pass_completes(archive_
 
     first, second, third = runs
     assert Archive.objects.get(run_id=first.id).status == "archived"  # uploaded before the outage
-    assert "S3 could not store" in report.stopped and report.failed == 1
+    assert "archive store is unavailable" in report.stopped and report.failed == 1
     for run in (second, third):
         assert hot_rows(run.id) == before[run.id]
     failed = Archive.objects.get(run_id=second.id)
-    assert failed.status == "failed" and failed.attempts == 1 and "S3" in failed.error
+    assert failed.status == "failed" and failed.attempts == 1
+    assert "ArchiveStoreUnavailable" in failed.error and "127.0.0.1" not in failed.error
     assert not Archive.objects.filter(run_id=third.id).exists()
 
     report = archive_pass()
@@ -151,3 +152,25 @@ def test_another_tenants_api_gets_404_for_the_archive(archived, globex_api, acme
     assert acme_api.get(f"/api/v1/runs/{archived.run_id}/archive").status_code == 200
     response = globex_api.get(f"/api/v1/runs/{archived.run_id}/archive")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_an_unreachable_store_answers_503_without_naming_the_internal_endpoint(
+        archive_pass, in_acme, acme_api, globex_api, caplog):
+    run = run_finished()
+    archive_pass()
+    assert Archive.objects.get(run_id=run.id).status == "archived"
+    working, down = settings.S3_ENDPOINT_URL, f"http://127.0.0.1:{closed_port()}"
+    settings.S3_ENDPOINT_URL = down
+    try:
+        with caplog.at_level("WARNING", logger="runs.retention.store"):
+            answer = acme_api.get(f"/api/v1/runs/{run.id}/archive")
+        other = globex_api.get(f"/api/v1/runs/{run.id}/archive")
+    finally:
+        settings.S3_ENDPOINT_URL = working
+    assert answer.status_code == 503
+    error = answer.json()["error"]
+    assert error["code"] == "archive_store_unavailable"
+    assert error["message"] == "the archive store is unavailable; try again later"
+    assert "127.0.0.1" not in answer.content.decode() and "http" not in error["message"]
+    assert down.split("//")[1] in caplog.text  # the operators' log has the detail
+    assert other.status_code == 404  # globex: no such archive, store up or down

@@ -51,6 +51,19 @@ def test_step_that_raises_then_succeeds_on_retry(in_acme):
     assert "ConnectionError" in errors[0].data["traceback"]
 
 
+def test_a_step_error_shows_only_the_steps_frames_to_the_tenant(in_acme, acme_api):
+    run = finished(start("flaky", input={"failures": 1}).id)
+    [error] = RunEvent.objects.filter(run=run, kind="step_error")
+    shown = error.data["traceback"]
+    assert shown.startswith("Traceback (most recent call last):")
+    frames = [line for line in shown.splitlines() if line.lstrip().startswith('File "')]
+    assert frames and "tests/agents.py" in frames[0] and ", in wobble" in frames[0]
+    assert "runs/engine" not in shown and "harness.py" not in shown
+    assert shown.rstrip().endswith("ConnectionError: upstream refused attempt 1")
+    events = acme_api.get(f"/api/v1/runs/{run.id}/events").json()["results"]
+    assert [e["data"]["traceback"] for e in events if e["kind"] == "step_error"] == [shown]
+
+
 def test_step_that_keeps_raising_fails_the_run_with_the_exception_recorded(in_acme):
     run = finished(start("flaky", input={"failures": 5}).id)
     assert run.status == "failed" and "ConnectionError" in run.error

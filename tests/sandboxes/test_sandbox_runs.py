@@ -1,7 +1,9 @@
 """Sandboxed steps in runs: recorded calls, encrypted workspace snapshots, resumes on other
 workers, limits under real workers, and two tenants side by side."""
 
+import json
 import shutil
+import socket
 import uuid
 from pathlib import Path
 
@@ -164,3 +166,24 @@ def test_two_tenants_runs_in_parallel_never_see_each_others_files(acme, globex, 
             other = "globex" if schema == "acme" else "acme"
             assert f"{schema}-secret" in seen and f"{other}-secret" not in seen, seen
     connection.set_schema_to_public()
+
+
+def test_an_unreachable_store_fails_the_step_without_naming_the_internal_endpoint(
+        in_acme, s3, acme_api, caplog):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{probe.getsockname()[1]}"  # closed once the probe is
+    run = sandboxed([["echo x > a.txt"]])
+    working, settings.S3_ENDPOINT_URL = settings.S3_ENDPOINT_URL, f"http://{down}"
+    try:
+        with caplog.at_level("WARNING", logger="sandboxes.services"):
+            run = finished(run.id)
+    finally:
+        settings.S3_ENDPOINT_URL = working
+    assert run.status == "failed"
+    assert run.error == ("step 'work' raised SandboxError: the workspace store is unavailable; "
+                         "try again later")
+    events = acme_api.get(f"/api/v1/runs/{run.id}/events").json()["results"]
+    assert [e["kind"] for e in events].count("step_error") == 3
+    assert down not in json.dumps(events) and "endpoint" not in json.dumps(events)
+    assert down in caplog.text  # the operators' log has the detail
