@@ -127,25 +127,33 @@ def data_key_create(*, tenant: Tenant) -> TenantKey:
     return TenantKey.objects.create(
         tenant=tenant,
         version=version,
-        wrapped_key=keys.data_key_wrap(keys.data_key_new(), wrapping_key=master),
+        wrapped_key=keys.data_key_wrap(keys.data_key_new(), tenant_id=tenant.pk,
+                                       schema=tenant.schema_name, version=version,
+                                       wrapping_key=master),
         master_key_id=keys.master_key_id(master),
     )
 
 
 def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, bytes]:
-    """The tenant's data key (the newest active one unless a version is asked for), unwrapped."""
+    """The tenant's data key (the newest active one unless a version is asked for), unwrapped.
+    A retired version opens nothing: everything it sealed was re-sealed before it was retired."""
     rows = tenant.data_keys.order_by("-version")
     row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
     if row is None:
         raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}",
                           code="data_key_missing")
+    if row.retired_at is not None:
+        raise TenantError(f"data key v{row.version} of {tenant.schema_name} is retired",
+                          code="data_key_retired")
     master = keys.master_key()
     if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
         raise keys.KeyUnwrapError(
             f"data key v{row.version} of {tenant.schema_name} was wrapped by master key "
             f"{row.master_key_id}, not by the configured one"
         )
-    return row.version, keys.data_key_unwrap(row.wrapped_key, wrapping_key=master)
+    return row.version, keys.data_key_unwrap(row.wrapped_key, tenant_id=tenant.pk,
+                                             schema=tenant.schema_name, version=row.version,
+                                             wrapping_key=master)
 
 
 def _digest(plaintext: str) -> str:
