@@ -1,4 +1,5 @@
-"""Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys."""
+"""Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys; the console's
+access log."""
 
 import hashlib
 import hmac
@@ -6,6 +7,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from uuid import UUID
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -14,7 +16,7 @@ from django_tenants.utils import get_public_schema_name
 from agentplatform.errors import ServiceError
 
 from . import keys
-from .models import ApiKey, Tenant, TenantKey
+from .models import ApiKey, ConsoleAccess, Tenant, TenantKey
 
 SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 RESERVED_SCHEMAS = {"public", "information_schema"}
@@ -82,6 +84,16 @@ def tenant_delete(*, tenant: Tenant) -> None:
         raise TenantError("the public schema is not a tenant")
     connection.set_schema_to_public()
     tenant.delete(force_drop=True)  # cascades to API keys, data keys and domains
+
+
+def console_access_record(*, user, tenant: Tenant, view: str, path: str,
+                          run_ids: list[UUID | None] = (None,)) -> None:
+    """Write the audit rows of one look into a tenant's runs (one per run it names)."""
+    ConsoleAccess.objects.bulk_create([
+        ConsoleAccess(user_id=user.pk, username=user.get_username(), tenant_schema=tenant.schema_name,
+                      view=view[:40], run_id=run_id, path=path[:500])
+        for run_id in run_ids
+    ])
 
 
 def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:
