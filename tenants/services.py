@@ -150,12 +150,12 @@ def tenant_delete(*, tenant: Tenant) -> None:
 
 
 def console_access_record(*, user, tenant: Tenant, view: str, path: str,
-                          run_ids: list[UUID | None] = (None,)) -> None:
+                          run_ids: list[UUID | None] | None = None) -> None:
     """Write the audit rows of one look into a tenant's runs (one per run it names)."""
     ConsoleAccess.objects.bulk_create([
         ConsoleAccess(user_id=user.pk, username=user.get_username(), tenant_schema=tenant.schema_name,
                       view=view[:40], run_id=run_id, path=path[:500])
-        for run_id in run_ids
+        for run_id in (run_ids or [None])
     ])
 
 
