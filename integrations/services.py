@@ -84,6 +84,26 @@ def credential_open(*, credential: Credential) -> dict[str, Any]:
     return json.loads(plaintext)
 
 
+def credentials_reseal(*, tenant: Tenant, to_version: int) -> int:
+    """Re-seal every credential of the current tenant's schema under data key `to_version` (a key
+    rotation). Idempotent; returns the credentials changed."""
+    version, new_key = data_key_get(tenant=tenant, version=to_version)
+    changed = 0
+    for pk in list(Credential.objects.exclude(key_version=version).values_list("pk", flat=True)):
+        with transaction.atomic():
+            credential = Credential.objects.select_for_update().filter(pk=pk).first()
+            if credential is None or credential.key_version == version:
+                continue
+            plaintext = json.dumps(credential_open(credential=credential), separators=(",", ":"),
+                                   sort_keys=True).encode()
+            nonce = os.urandom(NONCE_BYTES)
+            sealed = nonce + AESGCM(new_key).encrypt(nonce, plaintext, _associated_data(
+                tenant.schema_name, credential.connector, credential.label, version))
+            Credential.objects.filter(pk=pk).update(ciphertext=sealed, key_version=version)
+            changed += 1
+    return changed
+
+
 def credential_delete(*, connector: str, label: str = "default") -> bool:
     """Remove the credential; False when there was none."""
     deleted, _ = Credential.objects.filter(connector=connector, label=label).delete()

@@ -1,14 +1,21 @@
 """Founders' view of runs: runs live in tenant schemas, so the console picks a tenant first
-(kept in the session) and every view of this admin runs inside that tenant's schema."""
+(kept in the session) and every view of this admin runs inside that tenant's schema.
 
+Every look into a tenant's runs is written to the access log (tenants.ConsoleAccess) before the
+schema is switched; a tenant marked superusers_only is a 404 for other staff."""
+
+import uuid
 from functools import wraps
 
 from django.contrib import admin, messages
+from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import path
 from django_tenants.utils import tenant_context
 
 from tenants.models import Tenant
+from tenants.selectors import tenants_visible_to
+from tenants.services import console_access_record
 
 from . import services
 from .agents import UnknownAgent, registry
@@ -17,7 +24,33 @@ from .models import Run
 SESSION_KEY = "admin_runs_tenant"
 
 
-def tenant_scoped(view):
+def _run_id(value) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _access_of(request, name: str, kwargs) -> tuple[str, list[uuid.UUID | None]]:
+    """What this request looks at: the view ("run_changelist", "run_change", "run_action:requeue"
+    ...) and the runs (or outbox messages' runs) it names."""
+    view = name.partition("_")[2] or "view"  # "runs_run_change" -> "run_change"
+    if request.method == "POST" and request.POST.get("action"):
+        selected = [_run_id(value) for value in request.POST.getlist("_selected_action")]
+        return f"{view.rsplit('_', 1)[0]}_action:{request.POST['action']}", selected or [None]
+    object_id = kwargs.get("object_id")
+    return view, [_run_id(object_id) if object_id else None]
+
+
+def tenant_chosen(request, schema: str) -> Tenant:
+    """The tenant a staff member asked for, if they may see it; 404 otherwise."""
+    tenant = tenants_visible_to(user=request.user).filter(schema_name=schema).first()
+    if tenant is None:
+        raise Http404("No such tenant.")
+    return tenant
+
+
+def tenant_scoped(view, *, name: str = ""):
     @wraps(view)
     def in_tenant(request, *args, **kwargs):
         if not (request.user.is_active and request.user.is_staff):
@@ -25,12 +58,17 @@ def tenant_scoped(view):
         schema = request.session.get(SESSION_KEY)
         tenant = Tenant.objects.filter(schema_name=schema).first() if schema else None
         if tenant is None:
-            tenant = Tenant.objects.order_by("schema_name").first()
+            tenant = tenants_visible_to(user=request.user).first()
             if tenant is None:
                 messages.warning(request, "No tenants yet.")
                 return redirect("admin:index")
             request.session[SESSION_KEY] = tenant.schema_name
+        if tenant.superusers_only and not request.user.is_superuser:
+            raise Http404("No such tenant.")
         request.admin_tenant = tenant
+        view_name, run_ids = _access_of(request, name, kwargs)
+        console_access_record(user=request.user, tenant=tenant, view=view_name,
+                              path=request.get_full_path(), run_ids=run_ids)
         with tenant_context(tenant):
             response = view(request, *args, **kwargs)
             if hasattr(response, "render"):  # template responses render lazily: do it here
@@ -54,18 +92,17 @@ class RunAdmin(admin.ModelAdmin):
     def get_urls(self):
         urls = super().get_urls()
         for pattern in urls:
-            pattern.callback = tenant_scoped(pattern.callback)
+            pattern.callback = tenant_scoped(pattern.callback, name=pattern.name or "")
         choose = path("tenant/<str:schema>/", self.admin_site.admin_view(self.choose_tenant),
                       name="runs_run_choose_tenant")
         return [choose, *urls]
 
     def choose_tenant(self, request, schema):
-        if Tenant.objects.filter(schema_name=schema).exists():
-            request.session[SESSION_KEY] = schema
+        request.session[SESSION_KEY] = tenant_chosen(request, schema).schema_name
         return redirect("admin:runs_run_changelist")
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"tenants": Tenant.objects.order_by("schema_name"),
+        extra = {"tenants": tenants_visible_to(user=request.user),
                  "current_tenant": request.admin_tenant,
                  "title": f"Runs of tenant {request.admin_tenant.schema_name}"}
         return super().changelist_view(request, {**(extra_context or {}), **extra})

@@ -32,7 +32,7 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from agentplatform.s3 import s3_client
 from tenants.models import Tenant
@@ -174,27 +174,36 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
     version, key = data_key_get(tenant=_tenant(schema))
     blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit, scope=scope)
     object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit, scope=scope)
-    try:
-        s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
-                               Metadata={"key-version": str(version)})
-    except (BotoCoreError, ClientError) as exc:
-        raise _store_unavailable("store", object_key, exc) from None
-    snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
-        run_id=run_id, visit=visit, scope=scope,
-        defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
-                  "file_count": count, "sha256": hashlib.sha256(blob).hexdigest()},
-    )
+    with transaction.atomic():
+        # Under the row lock, as a key rotation re-sealing this snapshot is (workspace_snapshots_reseal).
+        previous = (WorkspaceSnapshot.objects.select_for_update()
+                    .filter(run_id=run_id, visit=visit, scope=scope)
+                    .values_list("object_key", flat=True).first())
+        try:
+            s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
+                                   Metadata={"key-version": str(version)})
+        except (BotoCoreError, ClientError) as exc:
+            raise _store_unavailable("store", object_key, exc) from None
+        snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
+            run_id=run_id, visit=visit, scope=scope,
+            defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
+                      "file_count": count, "sha256": hashlib.sha256(blob).hexdigest()},
+        )
+    if previous and previous != object_key:  # a re-sealed copy: its key is never written again
+        s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=previous)
     return snapshot
 
 
 def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -> None:
     """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`."""
-
-    try:
-        blob = s3_client().get_object(Bucket=settings.S3_BUCKET,
-                                      Key=snapshot.object_key)["Body"].read()
-    except (BotoCoreError, ClientError) as exc:
-        raise _store_unavailable("read", snapshot.object_key, exc) from None
+    with transaction.atomic():
+        # Read row and object together: a key rotation re-seals both under this lock.
+        snapshot = WorkspaceSnapshot.objects.select_for_update().get(pk=snapshot.pk)
+        try:
+            blob = s3_client().get_object(Bucket=settings.S3_BUCKET,
+                                          Key=snapshot.object_key)["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise _store_unavailable("read", snapshot.object_key, exc) from None
     if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
         raise SandboxError(f"workspace snapshot {snapshot.object_key} does not match its record")
     _, key = data_key_get(tenant=_tenant(schema), version=snapshot.key_version)
@@ -211,6 +220,50 @@ def _store_unavailable(verb: str, object_key: str, exc: Exception) -> SandboxErr
     endpoint, so it goes to the operators' log only."""
     log.warning("S3 could not %s workspace snapshot %s: %s", verb, object_key, exc)
     return SandboxError("the workspace store is unavailable; try again later")
+
+
+def workspace_snapshots_reseal(*, tenant, to_version: int) -> int:
+    """Re-seal every workspace snapshot of the current tenant's schema under data key
+    `to_version` (a key rotation). Idempotent; returns the snapshots changed.
+
+    The re-sealed object gets a key of its own and the row moves to it in one transaction; the
+    superseded object is deleted afterwards, under the row lock, only if the row still points at
+    the re-sealed one (a worker writes a snapshot under that lock too). A crash in between leaves
+    an extra object, never a row without its object."""
+    version, new_key = data_key_get(tenant=tenant, version=to_version)
+    old_keys: dict[int, bytes] = {}
+    changed = 0
+    pending = WorkspaceSnapshot.objects.exclude(key_version=version).values_list("pk", flat=True)
+    for pk in list(pending):
+        with transaction.atomic():
+            snapshot = WorkspaceSnapshot.objects.select_for_update().filter(pk=pk).first()
+            if snapshot is None or snapshot.key_version == version:
+                continue  # pruned meanwhile, or re-taken under the new key
+            if snapshot.key_version not in old_keys:
+                old_keys[snapshot.key_version] = data_key_get(tenant=tenant,
+                                                              version=snapshot.key_version)[1]
+            superseded = snapshot.object_key
+            blob = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=superseded)["Body"].read()
+            if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
+                raise SandboxError(f"workspace snapshot {superseded} does not match its record: "
+                                   "not re-sealed")
+            where = {"schema": tenant.schema_name, "run_id": snapshot.run_id,
+                     "visit": snapshot.visit, "scope": snapshot.scope}
+            resealed = snapshot_seal(snapshot_open(blob, key=old_keys[snapshot.key_version], **where),
+                                     key=new_key, **where)
+            resealed_key = (snapshot_object_key(**where).removesuffix(".tar.gz.enc")
+                            + f".{uuid.uuid4().hex[:12]}.tar.gz.enc")
+            s3_client().put_object(Bucket=settings.S3_BUCKET, Key=resealed_key, Body=resealed,
+                                   Metadata={"key-version": str(version)})
+            WorkspaceSnapshot.objects.filter(pk=pk).update(
+                object_key=resealed_key, key_version=version, size_bytes=len(resealed),
+                sha256=hashlib.sha256(resealed).hexdigest())
+        with transaction.atomic():
+            if WorkspaceSnapshot.objects.select_for_update().filter(
+                    pk=pk, object_key=resealed_key).exists():
+                s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=superseded)
+        changed += 1
+    return changed
 
 
 # -- egress allow-list ------------------------------------------------------------------------

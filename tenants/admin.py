@@ -1,10 +1,11 @@
-"""Founders' console (public schema): tenants with status and key counts, suspend/reactivate."""
+"""Founders' console (public schema): tenants with status and key counts, suspend/reactivate
+(change permission on Tenant); the read-only log of staff looking into tenants' runs."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from . import services
-from .models import ApiKey, Tenant
+from .models import ApiKey, ConsoleAccess, Tenant
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -24,7 +25,8 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ("status",)
     search_fields = ("schema_name", "name")
     readonly_fields = ("schema_name", "created_at", "provisioned_at")
-    fields = ("schema_name", "name", "status", "max_in_flight", "created_at", "provisioned_at")
+    fields = ("schema_name", "name", "status", "max_in_flight", "superusers_only", "created_at",
+              "provisioned_at")
     inlines = [ApiKeyInline]
     actions = ["suspend", "reactivate"]
 
@@ -37,20 +39,44 @@ class TenantAdmin(admin.ModelAdmin):
     def active_keys(self, obj):
         return obj.key_count
 
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return self.readonly_fields
+        return (*self.readonly_fields, "superusers_only")  # staff cannot let themselves in
+
     def has_add_permission(self, request):
         return False  # provisioning migrates a schema: `manage.py create_tenant`
 
     def has_delete_permission(self, request, obj=None):
         return False  # deletion drops a schema: `manage.py delete_tenant`, explicitly
 
-    @admin.action(description="Suspend selected tenants (API access stops)")
+    @admin.action(description="Suspend selected tenants (API access stops)", permissions=["change"])
     def suspend(self, request, queryset):
         for tenant in queryset:
             services.tenant_suspend(tenant=tenant)
         messages.success(request, f"Suspended {queryset.count()} tenant(s).")
 
-    @admin.action(description="Reactivate selected tenants")
+    @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def reactivate(self, request, queryset):
         for tenant in queryset:
             services.tenant_reactivate(tenant=tenant)
         messages.success(request, f"Reactivated {queryset.count()} tenant(s).")
+
+
+@admin.register(ConsoleAccess)
+class ConsoleAccessAdmin(admin.ModelAdmin):
+    """Who looked at which tenant's runs, when: read-only (the table refuses UPDATE and DELETE)."""
+
+    list_display = ("at", "username", "tenant_schema", "view", "run_id", "path")
+    list_filter = ("tenant_schema", "view")
+    search_fields = ("username", "tenant_schema", "run_id")
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,7 +1,13 @@
 """Key material: the master key (from the environment) wraps each tenant's data key.
 
-Data keys are 256-bit AES keys wrapped with AES key wrap (RFC 3394); a wrong master key fails
-the integrity check of the unwrap and raises `KeyUnwrapError`, never returns garbage.
+A data key (256-bit AES) is wrapped with AES-256-GCM under the master key; the associated data
+names the tenant (id and schema) and the key version, so a wrapped key copied onto another
+tenant's row, or onto another version's, fails authentication there. A wrong master key fails
+the same way. Either raises `KeyUnwrapError`, never returns garbage.
+
+Wrapped form (format 2): WRAP_MAGIC || 12-byte nonce || ciphertext+tag (64 bytes in all). The
+first format (AES key wrap, RFC 3394, bound to nothing: 40 bytes) is only read by the migration
+that re-wraps it (tenants/migrations/0004); `data_key_unwrap` refuses it.
 """
 
 import base64
@@ -9,8 +15,14 @@ import hashlib
 import hmac
 import os
 
-from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap
 from django.conf import settings
+
+WRAP_MAGIC = b"APDK2"
+NONCE_BYTES = 12
+LEGACY_WRAP_BYTES = 40  # RFC 3394 wrap of a 32-byte key
 
 
 class MasterKeyMissing(RuntimeError):
@@ -39,17 +51,47 @@ def master_key_id(key: bytes) -> str:
     return hmac.new(key, b"agentplatform master key id", hashlib.sha256).hexdigest()[:16]
 
 
-def data_key_wrap(data_key: bytes, *, wrapping_key: bytes | None = None) -> bytes:
-    return aes_key_wrap(wrapping_key or master_key(), data_key)
+def _binding(*, tenant_id: int, schema: str, version: int) -> bytes:
+    return f"agentplatform-data-key/2|tenant:{tenant_id}|schema:{schema}|v{version}".encode()
 
 
-def data_key_unwrap(wrapped: bytes, *, wrapping_key: bytes | None = None) -> bytes:
+def data_key_wrap(data_key: bytes, *, tenant_id: int, schema: str, version: int,
+                  wrapping_key: bytes | None = None) -> bytes:
+    nonce = os.urandom(NONCE_BYTES)
+    aad = _binding(tenant_id=tenant_id, schema=schema, version=version)
+    return WRAP_MAGIC + nonce + AESGCM(wrapping_key or master_key()).encrypt(nonce, data_key, aad)
+
+
+def data_key_unwrap(wrapped: bytes, *, tenant_id: int, schema: str, version: int,
+                    wrapping_key: bytes | None = None) -> bytes:
+    wrapped = bytes(wrapped)
+    if not wrapped.startswith(WRAP_MAGIC):
+        raise KeyUnwrapError(f"data key v{version} of {schema} is not in the tenant-bound wrap "
+                             "format: run `manage.py migrate_schemas --shared` to re-wrap it")
+    body = wrapped[len(WRAP_MAGIC):]
+    aad = _binding(tenant_id=tenant_id, schema=schema, version=version)
     try:
-        return aes_key_unwrap(wrapping_key or master_key(), bytes(wrapped))
+        return AESGCM(wrapping_key or master_key()).decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], aad)
+    except InvalidTag as exc:
+        raise KeyUnwrapError(
+            f"cannot unwrap data key v{version} of {schema}: it was not wrapped for this tenant "
+            "and version, or the master key is not the one it was wrapped with"
+        ) from exc
+
+
+def legacy_data_key_unwrap(wrapped: bytes, *, wrapping_key: bytes) -> bytes:
+    """The first wrap format (RFC 3394, unbound); read only to re-wrap it."""
+    try:
+        return aes_key_unwrap(wrapping_key, bytes(wrapped))
     except InvalidUnwrap as exc:
         raise KeyUnwrapError(
-            "cannot unwrap the data key: the master key is not the one it was wrapped with"
+            "cannot unwrap a legacy data key: the master key is not the one it was wrapped with"
         ) from exc
+
+
+def is_legacy_wrap(wrapped: bytes) -> bool:
+    wrapped = bytes(wrapped)
+    return len(wrapped) == LEGACY_WRAP_BYTES and not wrapped.startswith(WRAP_MAGIC)
 
 
 def data_key_new() -> bytes:

@@ -1,4 +1,7 @@
-"""Tenants and what lives beside them in the public schema: API keys and wrapped data keys."""
+"""Tenants and what lives beside them in the public schema: API keys, wrapped data keys, and the
+audit log of staff looking into a tenant's runs."""
+
+import uuid
 
 from django.db import models
 from django_tenants.models import DomainMixin, TenantMixin
@@ -15,6 +18,9 @@ class Tenant(TenantMixin):
     provisioned_at = models.DateTimeField(null=True, blank=True)  # schema created and migrated
     # Runs (and fan-out branches) handed to workers at once; empty: RUN_TENANT_MAX_IN_FLIGHT.
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    # The console shows this tenant's runs (and outbox) to superusers only; other staff get 404.
+    superusers_only = models.BooleanField(
+        default=False, help_text="Only superusers may see this tenant's runs in the console.")
     # Schemas are created explicitly by tenant_create (it also migrates them).
     auto_create_schema = False
     auto_drop_schema = True
@@ -60,3 +66,26 @@ class TenantKey(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "version"], name="tenant_key_version_unique")
         ]
+
+
+class ConsoleAccess(models.Model):
+    """One look by a staff member into a tenant's runs in the console: a run list, a run's page,
+    or an action on runs. Append-only (a trigger refuses UPDATE and DELETE). No foreign keys:
+    the record outlives the user account and the tenant it names."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    user_id = models.IntegerField()
+    username = models.CharField(max_length=150)
+    tenant_schema = models.CharField(max_length=63, db_index=True)
+    view = models.CharField(max_length=40)  # "run list", "run", "action: requeue", ...
+    run_id = models.UUIDField(null=True, blank=True)
+    path = models.CharField(max_length=500)
+
+    class Meta:
+        verbose_name = "console access"
+        verbose_name_plural = "console access log"
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.view} {self.tenant_schema} {self.at:%Y-%m-%d %H:%M}"

@@ -1,20 +1,30 @@
-"""Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys."""
+"""Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys; the console's
+access log."""
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
+import shutil
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from uuid import UUID
 
+from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
 from agentplatform.errors import ServiceError
+from agentplatform.s3 import s3_client
 
 from . import keys
-from .models import ApiKey, Tenant, TenantKey
+from .models import ApiKey, ConsoleAccess, Tenant, TenantKey
+
+log = logging.getLogger(__name__)
 
 SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 RESERVED_SCHEMAS = {"public", "information_schema"}
@@ -76,12 +86,77 @@ def tenant_reactivate(*, tenant: Tenant) -> None:
     tenant.status = Tenant.Status.ACTIVE
 
 
+def tenant_object_prefixes(*, schema: str) -> list[str]:
+    """Where the tenant's objects live in S3_BUCKET: archives under RETENTION_S3_PREFIX,
+    workspace snapshots under tenants/ (sandboxes.services.snapshot_object_key)."""
+    return sorted({f"{settings.RETENTION_S3_PREFIX}/{schema}/", f"tenants/{schema}/"})
+
+
+def tenant_objects_delete(*, schema: str) -> int:
+    """Delete every S3 object under the tenant's prefixes; returns how many were deleted."""
+    client = s3_client()
+    deleted = 0
+    try:
+        for prefix in tenant_object_prefixes(schema=schema):
+            for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=settings.S3_BUCKET, Prefix=prefix):
+                keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+                if not keys:
+                    continue
+                answer = client.delete_objects(Bucket=settings.S3_BUCKET,
+                                               Delete={"Objects": keys, "Quiet": True})
+                if answer.get("Errors"):
+                    raise TenantError(f"S3 refused to delete {len(answer['Errors'])} object(s) of "
+                                      f"{schema}; nothing else was deleted: run it again",
+                                      code="tenant_storage_unavailable")
+                deleted += len(keys)
+    except (BotoCoreError, ClientError) as exc:
+        raise TenantError(f"S3 is unavailable, so the objects of {schema} stay and so does the "
+                          f"tenant: run it again ({type(exc).__name__})",
+                          code="tenant_storage_unavailable") from exc
+    return deleted
+
+
+def tenant_workspaces_delete(*, schema: str) -> bool:
+    """Remove this host's working copies of the tenant's workspaces; False if there were none."""
+    root = Path(settings.SANDBOX_WORKSPACE_ROOT) / schema
+    if not root.exists():
+        return False
+    shutil.rmtree(root)
+    return True
+
+
 def tenant_delete(*, tenant: Tenant) -> None:
-    """Drop the tenant's schema and every public row that belongs to it. Irreversible."""
+    """Delete the tenant: its S3 objects (archives, workspace snapshots), this host's workspace
+    copies, its schema and every public row that belongs to it. Irreversible.
+
+    The tenant is suspended first (its API keys stop working) and its row and schema go last, so
+    a deletion stopped by an unreachable S3 leaves a suspended tenant to delete again."""
     if tenant.schema_name == get_public_schema_name():
         raise TenantError("the public schema is not a tenant")
+    schema = tenant.schema_name
     connection.set_schema_to_public()
-    tenant.delete(force_drop=True)  # cascades to API keys, data keys and domains
+    tenant_suspend(tenant=tenant)
+    tenant_objects_delete(schema=schema)
+    tenant_workspaces_delete(schema=schema)
+    tenant.delete(force_drop=True)  # cascades to API keys, data keys, domains and connections
+    # A worker that was mid-step may have written a snapshot since: with the schema gone, no
+    # run of the tenant can write another.
+    try:
+        tenant_objects_delete(schema=schema)
+    except TenantError as exc:
+        log.warning("tenant %s deleted, but objects written during the deletion may remain: %s",
+                    schema, exc)
+
+
+def console_access_record(*, user, tenant: Tenant, view: str, path: str,
+                          run_ids: list[UUID | None] | None = None) -> None:
+    """Write the audit rows of one look into a tenant's runs (one per run it names)."""
+    ConsoleAccess.objects.bulk_create([
+        ConsoleAccess(user_id=user.pk, username=user.get_username(), tenant_schema=tenant.schema_name,
+                      view=view[:40], run_id=run_id, path=path[:500])
+        for run_id in (run_ids or [None])
+    ])
 
 
 def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:
@@ -127,25 +202,33 @@ def data_key_create(*, tenant: Tenant) -> TenantKey:
     return TenantKey.objects.create(
         tenant=tenant,
         version=version,
-        wrapped_key=keys.data_key_wrap(keys.data_key_new(), wrapping_key=master),
+        wrapped_key=keys.data_key_wrap(keys.data_key_new(), tenant_id=tenant.pk,
+                                       schema=tenant.schema_name, version=version,
+                                       wrapping_key=master),
         master_key_id=keys.master_key_id(master),
     )
 
 
 def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, bytes]:
-    """The tenant's data key (the newest active one unless a version is asked for), unwrapped."""
+    """The tenant's data key (the newest active one unless a version is asked for), unwrapped.
+    A retired version opens nothing: everything it sealed was re-sealed before it was retired."""
     rows = tenant.data_keys.order_by("-version")
     row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
     if row is None:
         raise TenantError(f"tenant {tenant.schema_name} has no data key version {version or 'active'}",
                           code="data_key_missing")
+    if row.retired_at is not None:
+        raise TenantError(f"data key v{row.version} of {tenant.schema_name} is retired",
+                          code="data_key_retired")
     master = keys.master_key()
     if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
         raise keys.KeyUnwrapError(
             f"data key v{row.version} of {tenant.schema_name} was wrapped by master key "
             f"{row.master_key_id}, not by the configured one"
         )
-    return row.version, keys.data_key_unwrap(row.wrapped_key, wrapping_key=master)
+    return row.version, keys.data_key_unwrap(row.wrapped_key, tenant_id=tenant.pk,
+                                             schema=tenant.schema_name, version=row.version,
+                                             wrapping_key=master)
 
 
 def _digest(plaintext: str) -> str:

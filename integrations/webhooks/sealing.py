@@ -17,9 +17,10 @@ class SecretUnreadable(RuntimeError):
     pass
 
 
-def secret_seal(*, tenant: Tenant, plaintext: str, bound_to: str) -> tuple[bytes, int]:
-    """Returns (sealed bytes, data key version)."""
-    version, key = data_key_get(tenant=tenant)
+def secret_seal(*, tenant: Tenant, plaintext: str, bound_to: str,
+                version: int | None = None) -> tuple[bytes, int]:
+    """Returns (sealed bytes, data key version): the newest active one unless `version` is given."""
+    version, key = data_key_get(tenant=tenant, version=version)
     nonce = os.urandom(12)
     return nonce + AESGCM(key).encrypt(nonce, plaintext.encode(), bound_to.encode()), version
 

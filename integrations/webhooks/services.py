@@ -99,6 +99,27 @@ def connection_delete(*, model: type[SlackConnection] | type[GmailConnection], t
         raise WebhookRejected("not_found", "No such connection.")
 
 
+def slack_secrets_reseal(*, tenant: Tenant, to_version: int) -> int:
+    """Re-seal the signing secrets of the tenant's Slack connections under data key `to_version`
+    (a key rotation). Idempotent; returns the connections changed."""
+    changed = 0
+    pending = (SlackConnection.objects.filter(tenant=tenant).exclude(data_key_version=to_version)
+               .values_list("pk", flat=True))
+    for pk in list(pending):
+        with transaction.atomic():
+            connection = (SlackConnection.objects.select_for_update().select_related("tenant")
+                          .filter(pk=pk).first())
+            if connection is None or connection.data_key_version == to_version:
+                continue
+            sealed, version = secret_seal(tenant=tenant, plaintext=slack_signing_secret(connection),
+                                          bound_to=_slack_secret_binding(connection.id),
+                                          version=to_version)
+            SlackConnection.objects.filter(pk=pk).update(signing_secret_sealed=sealed,
+                                                         data_key_version=version)
+            changed += 1
+    return changed
+
+
 def slack_signing_secret(connection: SlackConnection) -> str:
     return secret_open(tenant=connection.tenant, sealed=connection.signing_secret_sealed,
                        version=connection.data_key_version,

@@ -39,6 +39,8 @@ SERVICE_ERROR_STATUS = {
     "archive_key_mismatch": status.HTTP_500_INTERNAL_SERVER_ERROR,
     "archive_raced": status.HTTP_500_INTERNAL_SERVER_ERROR,
     "data_key_missing": status.HTTP_500_INTERNAL_SERVER_ERROR,  # the platform's fault, not the caller's
+    "data_key_retired": status.HTTP_500_INTERNAL_SERVER_ERROR,
+    "tenant_storage_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
     # runs, approvals, the outbox
     "not_a_decider": status.HTTP_403_FORBIDDEN,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,

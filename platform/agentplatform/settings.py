@@ -115,6 +115,9 @@ SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
 # 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
 MASTER_KEY = env("AGENTPLATFORM_MASTER_KEY", default="")
 
+# -- health: /readyz checks PostgreSQL, Redis and S3, each within this many seconds -----------
+HEALTH_CHECK_TIMEOUT_SECONDS = env.float("HEALTH_CHECK_TIMEOUT_SECONDS", default=2.0)
+
 # -- S3 (archives, sandbox workspaces); SeaweedFS locally --------------------------------------
 S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", default="") or None  # None: AWS itself
 S3_BUCKET = env("S3_BUCKET", default="agentplatform")

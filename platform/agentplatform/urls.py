@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from agentplatform import health
 from integrations import api as integrations_api
 from integrations.webhooks import api as webhooks_api
 from integrations.webhooks import views as webhooks_views
@@ -48,6 +49,8 @@ webhooks = [
 ]
 
 urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("webhooks/", include(webhooks)),

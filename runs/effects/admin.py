@@ -5,8 +5,8 @@ from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.urls import path
 
-from runs.admin import SESSION_KEY, tenant_scoped
-from tenants.models import Tenant
+from runs.admin import SESSION_KEY, tenant_chosen, tenant_scoped
+from tenants.selectors import tenants_visible_to
 
 from . import services
 from .models import OutboxMessage
@@ -26,18 +26,17 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     def get_urls(self):
         urls = super().get_urls()
         for pattern in urls:
-            pattern.callback = tenant_scoped(pattern.callback)
+            pattern.callback = tenant_scoped(pattern.callback, name=pattern.name or "")
         choose = path("tenant/<str:schema>/", self.admin_site.admin_view(self.choose_tenant),
                       name="effects_outboxmessage_choose_tenant")
         return [choose, *urls]
 
     def choose_tenant(self, request, schema):
-        if Tenant.objects.filter(schema_name=schema).exists():
-            request.session[SESSION_KEY] = schema
+        request.session[SESSION_KEY] = tenant_chosen(request, schema).schema_name
         return redirect("admin:effects_outboxmessage_changelist")
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"tenants": Tenant.objects.order_by("schema_name"),
+        extra = {"tenants": tenants_visible_to(user=request.user),
                  "current_tenant": request.admin_tenant,
                  "title": f"Outbox of tenant {request.admin_tenant.schema_name}"}
         return super().changelist_view(request, {**(extra_context or {}), **extra})

@@ -6,6 +6,8 @@ from django.db import DatabaseError
 from django.template.defaultfilters import filesizeformat
 from django_tenants.utils import schema_context
 
+from tenants.selectors import tenants_visible_to
+
 from . import selectors
 from .models import TenantArchives
 
@@ -17,6 +19,11 @@ class TenantArchivesAdmin(admin.ModelAdmin):
     ordering = ("schema_name",)
     fields = ("schema_name", "status")
     readonly_fields = fields
+
+    def get_queryset(self, request):
+        # a superusers_only tenant's archive summary (its failures name runs) is theirs too
+        visible = tenants_visible_to(user=request.user).values("pk")
+        return super().get_queryset(request).filter(pk__in=visible)
 
     def _summary(self, obj) -> dict:
         if not hasattr(obj, "_archive_summary"):

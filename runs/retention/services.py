@@ -1,6 +1,6 @@
 """Retention verbs: the archive pass (compact shallow runs, archive and prune runs past their
-TTL, prune old inbound events), restore for audit, and re-wrapping archive keys when a
-tenant's data key rotates.
+TTL, prune old inbound events), restore for audit, and rotating a tenant's data key (archive
+keys re-wrapped; credentials, Slack secrets and workspace snapshots re-sealed by their apps).
 
 Order of one run's archival, all inside one transaction holding the run's row lock:
 serialize -> seal -> upload -> read back and compare sha256 -> Archive row -> prune.
@@ -23,9 +23,15 @@ from django.db.models import F
 from django.utils import timezone
 
 from agentplatform.errors import ServiceError
+from integrations.models import Credential
+from integrations.services import credentials_reseal
+from integrations.webhooks.models import SlackConnection
+from integrations.webhooks.services import slack_secrets_reseal
 from runs.agents import RetentionPolicy
 from runs.approvals.services import inbound_events_prune
 from runs.models import Checkpoint, Run
+from sandboxes.models import WorkspaceSnapshot
+from sandboxes.services import workspace_snapshots_reseal
 from tenants.models import Tenant, TenantKey
 from tenants.services import data_key_create, data_key_get
 
@@ -284,22 +290,48 @@ def archive_keys_rewrap(*, tenant: Tenant, to_version: int | None = None) -> int
 
 
 def data_key_rotate(*, tenant: Tenant, retire_old: bool = False) -> TenantKey:
-    """A new data key version for the tenant; archives re-wrapped under it; optionally the older
-    versions retired. Run in the tenant's schema."""
+    """A new data key version for the tenant, and everything sealed under an older one re-sealed
+    under it: archive keys (re-wrapped; bodies untouched), connector credentials, Slack signing
+    secrets and workspace snapshots. Optionally the older versions retired, after which they open
+    nothing. Run in the tenant's schema; idempotent, so an interrupted rotation is run again."""
     key = data_key_create(tenant=tenant)
-    archive_keys_rewrap(tenant=tenant, to_version=key.version)
+    data_key_reseal(tenant=tenant, to_version=key.version)
     if retire_old:
         for old in tenant.data_keys.filter(retired_at=None).exclude(pk=key.pk):
             data_key_retire(tenant=tenant, version=old.version)
     return key
 
 
+def data_key_reseal(*, tenant: Tenant, to_version: int) -> dict[str, int]:
+    """Re-seal everything of the tenant under data key `to_version`; returns what changed."""
+    return {
+        "archives": archive_keys_rewrap(tenant=tenant, to_version=to_version),
+        "credentials": credentials_reseal(tenant=tenant, to_version=to_version),
+        "slack_secrets": slack_secrets_reseal(tenant=tenant, to_version=to_version),
+        "workspace_snapshots": workspace_snapshots_reseal(tenant=tenant, to_version=to_version),
+    }
+
+
+def data_key_users(*, tenant: Tenant, version: int) -> dict[str, int]:
+    """What is still sealed under data key `version` of the tenant (run in its schema)."""
+    in_use = {
+        "archive(s)": Archive.objects.filter(key_version=version).count(),
+        "credential(s)": Credential.objects.filter(key_version=version).count(),
+        "Slack signing secret(s)": SlackConnection.objects.filter(
+            tenant=tenant, data_key_version=version).count(),
+        "workspace snapshot(s)": WorkspaceSnapshot.objects.filter(key_version=version).count(),
+    }
+    return {what: count for what, count in in_use.items() if count}
+
+
 def data_key_retire(*, tenant: Tenant, version: int) -> None:
-    """Mark a data key version retired; refused while any archive is still wrapped under it."""
-    in_use = Archive.objects.filter(key_version=version).count()
+    """Mark a data key version retired (it opens nothing afterwards); refused while anything is
+    still sealed under it."""
+    in_use = data_key_users(tenant=tenant, version=version)
     if in_use:
-        raise RetentionError(f"{in_use} archive(s) of {tenant.schema_name} are still wrapped under "
-                             f"data key v{version}: re-wrap them first (archive_keys_rewrap)")
+        listed = ", ".join(f"{count} {what}" for what, count in in_use.items())
+        raise RetentionError(f"{listed} of {tenant.schema_name} are still wrapped under data key "
+                             f"v{version}: re-seal them first (rotate_data_key)")
     if not tenant.data_keys.filter(retired_at=None).exclude(version=version).exists():
         raise RetentionError(f"v{version} is the only active data key of {tenant.schema_name}")
     tenant.data_keys.filter(version=version, retired_at=None).update(retired_at=timezone.now())

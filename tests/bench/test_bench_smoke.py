@@ -9,7 +9,7 @@ from bench.checkpoints import Floor, Ours, checkpoints_bench
 from bench.database import server_dsn
 
 
-def test_checkpoints_bench_measures_ours_and_the_floor_and_prints_its_closing_line():
+def test_checkpoints_bench_measures_ours_and_the_floor_and_prints_its_closing_line(s3):  # deletes a tenant
     out = io.StringIO()
     summary = checkpoints_bench(
         contenders=[Floor(server_dsn(settings.DATABASES["default"]["NAME"])),

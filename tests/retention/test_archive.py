@@ -1,5 +1,6 @@
 """Archive -> prune -> restore: the history comes back as it was; nothing else is touched."""
 
+import stat
 from datetime import timedelta
 
 import pytest
@@ -110,6 +111,19 @@ def test_restore_command_prints_the_history(archive_pass, capsys):
     assert printed.count('"visit"') >= len(live["checkpoints"])
     with pytest.raises(CommandError, match="not_found"):
         call_command("restore_archive", "globex", str(run.id))
+
+
+def test_restored_archive_file_is_readable_by_its_owner_only(archive_pass, tmp_path):
+    run = run_finished(steps=2)
+    archive_pass()
+    connection.set_schema_to_public()
+    fresh, existing = tmp_path / "fresh.json", tmp_path / "existing.json"
+    existing.write_text("older")
+    existing.chmod(0o644)
+    for output in (fresh, existing):
+        call_command("restore_archive", "acme", str(run.id), output=str(output))
+        assert stat.S_IMODE(output.stat().st_mode) == 0o600
+        assert f'"id": "{run.id}"' in output.read_text()
 
 
 def test_append_only_guard_still_refuses_outside_the_prune_path(in_acme):

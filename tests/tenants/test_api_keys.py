@@ -51,7 +51,7 @@ def test_revoked_key_is_401_and_other_keys_of_the_tenant_still_work(acme):
     assert api_client(other).get("/api/v1/runs").status_code == 200
 
 
-def test_suspended_tenant_is_403_until_reactivated():
+def test_suspended_tenant_is_403_until_reactivated(s3):  # deleting a tenant needs S3
     provisioned = tenant_create(schema_name="initech")
     try:
         client = api_client(provisioned.api_key)

@@ -1,12 +1,23 @@
-"""Per-tenant data keys, wrapped by the master key."""
+"""Per-tenant data keys, wrapped by the master key and bound to their tenant and version."""
 
 import base64
+import importlib
 import os
 
 import pytest
+from cryptography.hazmat.primitives.keywrap import aes_key_wrap
+from django.apps import apps
 
 from tenants import keys
+from tenants.models import TenantKey
 from tenants.services import data_key_get
+
+rewrap_migration = importlib.import_module("tenants.migrations.0004_data_keys_bound_to_tenant")
+
+
+def unwrap(row):
+    return keys.data_key_unwrap(row.wrapped_key, tenant_id=row.tenant_id,
+                                schema=row.tenant.schema_name, version=row.version)
 
 
 def test_data_key_round_trips_and_is_stored_only_wrapped(acme):
@@ -14,7 +25,7 @@ def test_data_key_round_trips_and_is_stored_only_wrapped(acme):
     assert version == 1 and len(key) == 32
     row = acme.data_keys.get(version=1)
     assert key not in bytes(row.wrapped_key)
-    assert keys.data_key_unwrap(row.wrapped_key) == key
+    assert unwrap(row) == key
     assert data_key_get(tenant=acme, version=1) == (1, key)
 
 
@@ -28,7 +39,7 @@ def test_wrong_master_key_fails_loudly(acme, settings):
     with pytest.raises(keys.KeyUnwrapError, match="wrapped by master key"):
         data_key_get(tenant=acme)
     with pytest.raises(keys.KeyUnwrapError, match="not the one it was wrapped with"):
-        keys.data_key_unwrap(row.wrapped_key)
+        unwrap(row)
 
 
 @pytest.mark.parametrize("value", ["", "not base64!", base64.b64encode(b"short").decode()])
@@ -36,3 +47,40 @@ def test_missing_or_malformed_master_key_is_named(settings, value):
     settings.MASTER_KEY = value
     with pytest.raises(keys.MasterKeyMissing, match="AGENTPLATFORM_MASTER_KEY"):
         keys.master_key()
+
+
+def test_a_wrapped_key_copied_onto_another_tenants_row_does_not_open(acme, globex):
+    acme_row, globex_row = acme.data_keys.get(version=1), globex.data_keys.get(version=1)
+    original = bytes(globex_row.wrapped_key)
+    TenantKey.objects.filter(pk=globex_row.pk).update(wrapped_key=bytes(acme_row.wrapped_key))
+    try:
+        with pytest.raises(keys.KeyUnwrapError, match="not wrapped for this tenant"):
+            data_key_get(tenant=globex)
+    finally:
+        TenantKey.objects.filter(pk=globex_row.pk).update(wrapped_key=original)
+    assert data_key_get(tenant=globex)[1] != data_key_get(tenant=acme)[1]
+
+
+def test_a_wrapped_key_does_not_open_as_another_version_of_the_same_tenant(acme):
+    row = acme.data_keys.get(version=1)
+    with pytest.raises(keys.KeyUnwrapError):
+        keys.data_key_unwrap(row.wrapped_key, tenant_id=acme.pk, schema="acme", version=2)
+
+
+def test_migration_rewraps_first_format_keys_bound_to_their_tenant(globex):
+    row = globex.data_keys.get(version=1)
+    original = bytes(row.wrapped_key)
+    _, data_key = data_key_get(tenant=globex)
+    legacy = aes_key_wrap(keys.master_key(), data_key)  # how main wrapped keys before
+    TenantKey.objects.filter(pk=row.pk).update(wrapped_key=legacy)
+    try:
+        with pytest.raises(keys.KeyUnwrapError, match="not in the tenant-bound wrap format"):
+            data_key_get(tenant=globex)
+        rewrap_migration.rewrap(apps, None)
+        rewrapped = bytes(TenantKey.objects.get(pk=row.pk).wrapped_key)
+        assert rewrapped.startswith(keys.WRAP_MAGIC) and rewrapped != legacy
+        assert data_key_get(tenant=globex) == (1, data_key)
+        rewrap_migration.rewrap(apps, None)  # idempotent: nothing legacy is left
+        assert bytes(TenantKey.objects.get(pk=row.pk).wrapped_key) == rewrapped
+    finally:
+        TenantKey.objects.filter(pk=row.pk).update(wrapped_key=original)

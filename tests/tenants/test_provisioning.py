@@ -30,7 +30,7 @@ def test_invalid_schema_name_is_refused_with_a_clear_error(name):
     assert not Tenant.objects.filter(schema_name=name).exists()
 
 
-def test_provisioning_creates_schema_key_and_data_key_and_deletion_leaves_nothing(capsys):
+def test_provisioning_creates_schema_key_and_data_key_and_deletion_leaves_nothing(capsys, s3):
     call_command("create_tenant", "umbrella")
     output = capsys.readouterr().out
     plaintext = output.split("store it now): ")[1].strip()

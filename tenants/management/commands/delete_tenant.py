@@ -1,11 +1,12 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Tenant
-from tenants.services import tenant_delete
+from tenants.services import TenantError, tenant_delete
 
 
 class Command(BaseCommand):
-    help = "Delete a tenant and drop its schema. Irreversible; needs --yes."
+    help = ("Delete a tenant: its S3 objects, this host's workspace copies, its schema and its "
+            "rows. Irreversible; needs --yes.")
 
     def add_arguments(self, parser):
         parser.add_argument("schema_name")
@@ -16,6 +17,10 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"no tenant {schema_name}")
         if not yes:
-            raise CommandError(f"this drops schema {schema_name} and all its data; add --yes")
-        tenant_delete(tenant=tenant)
+            raise CommandError(f"this deletes tenant {schema_name}, its schema, archives and "
+                               "workspaces; add --yes")
+        try:
+            tenant_delete(tenant=tenant)
+        except TenantError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(self.style.SUCCESS(f"deleted tenant {schema_name}"))

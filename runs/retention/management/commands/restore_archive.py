@@ -1,6 +1,7 @@
 """Print an archived run's history (fetched, verified, decrypted) as JSON."""
 
 import json
+import os
 from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
@@ -31,7 +32,11 @@ class Command(BaseCommand):
                 raise CommandError(f"{exc.code}: {exc}") from None
         text = json.dumps(history, default=json_default, indent=2)
         if output:
-            with open(output, "w") as file:
+            # A run's history is tenant data: readable by the operator's account only, even when
+            # the file existed before with a wider mode.
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as file:
                 file.write(text + "\n")
             self.stderr.write(f"wrote {output}")
         else:

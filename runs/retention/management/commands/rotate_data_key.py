@@ -1,4 +1,5 @@
-"""Rotate a tenant's data key: new version, archives re-wrapped (bodies untouched), old retired."""
+"""Rotate a tenant's data key: new version; archive keys re-wrapped, credentials, Slack secrets and
+workspace snapshots re-sealed; older versions optionally retired (they open nothing after)."""
 
 from django.core.management.base import BaseCommand, CommandError
 from django_tenants.utils import tenant_context
@@ -8,12 +9,13 @@ from tenants.models import Tenant
 
 
 class Command(BaseCommand):
-    help = "rotate_data_key <schema> [--retire-old]: new data key version; re-wrap archive keys"
+    help = ("rotate_data_key <schema> [--retire-old]: new data key version; re-seal everything "
+            "sealed under older ones")
 
     def add_arguments(self, parser):
         parser.add_argument("schema")
         parser.add_argument("--retire-old", action="store_true",
-                            help="retire the older versions once nothing is wrapped under them")
+                            help="retire the older versions once nothing is sealed under them")
 
     def handle(self, *args, schema, retire_old=False, **options):
         tenant = Tenant.objects.filter(schema_name=schema).first()

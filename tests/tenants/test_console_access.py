@@ -1,0 +1,124 @@
+"""Who may do what in the founders' console, and the log of staff looking into tenants' runs.
+Logged-in staff through Django's test client (real sessions in the database)."""
+
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import DatabaseError, transaction
+from django.test import Client
+from django_tenants.utils import tenant_context
+
+from runs.services import run_start
+from tenants.models import ConsoleAccess, Tenant
+from tenants.services import tenant_reactivate
+
+PASSWORD = "correct horse battery staple"
+
+
+def logged_in(*, superuser: bool = False, permissions: tuple[str, ...] = ()) -> tuple[Client, User]:
+    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password=PASSWORD,
+                                    is_staff=True, is_superuser=superuser)
+    user.user_permissions.set(Permission.objects.filter(codename__in=permissions))
+    client = Client()
+    assert client.login(username=user.username, password=PASSWORD)
+    return client, user
+
+
+@pytest.fixture
+def globex_run(globex):
+    with tenant_context(globex):
+        return run_start(agent="research", enqueue=False).run
+
+
+@pytest.fixture
+def globex_superusers_only(globex):
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=True)
+    yield
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
+
+
+def test_staff_without_change_permission_cannot_suspend_a_tenant(globex):
+    client, _ = logged_in(permissions=("view_tenant",))
+    assert client.get("/admin/tenants/tenant/").status_code == 200
+    try:
+        client.post("/admin/tenants/tenant/", {"action": "suspend", "_selected_action": [globex.pk]})
+        assert Tenant.objects.get(pk=globex.pk).status == "active"
+    finally:
+        tenant_reactivate(tenant=globex)
+
+    allowed, _ = logged_in(permissions=("view_tenant", "change_tenant"))
+    try:
+        allowed.post("/admin/tenants/tenant/", {"action": "suspend", "_selected_action": [globex.pk]})
+        assert Tenant.objects.get(pk=globex.pk).status == "suspended"
+        allowed.post("/admin/tenants/tenant/", {"action": "reactivate",
+                                                "_selected_action": [globex.pk]})
+        assert Tenant.objects.get(pk=globex.pk).status == "active"
+    finally:
+        tenant_reactivate(tenant=globex)
+
+
+def test_staff_looking_at_a_tenants_runs_is_logged_with_who_when_tenant_and_run(globex_run):
+    client, user = logged_in(permissions=("view_run", "change_run"))
+    assert client.get("/admin/runs/run/tenant/globex/").status_code == 302
+    assert str(globex_run.id) in client.get("/admin/runs/run/").content.decode()
+    assert client.get(f"/admin/runs/run/{globex_run.id}/change/").status_code == 200
+    client.post("/admin/runs/run/", {"action": "cancel", "_selected_action": [str(globex_run.id)]})
+
+    logged = list(ConsoleAccess.objects.filter(user_id=user.pk).order_by("at"))
+    assert [(row.username, row.tenant_schema, row.view, row.run_id) for row in logged] == [
+        (user.username, "globex", "run_changelist", None),
+        (user.username, "globex", "run_change", globex_run.id),
+        (user.username, "globex", "run_action:cancel", globex_run.id),
+    ]
+    assert all(row.at is not None for row in logged)
+
+
+def test_founders_read_the_access_log_in_the_console_and_nobody_can_change_it(globex_run):
+    looker, user = logged_in(permissions=("view_run",))
+    looker.get("/admin/runs/run/tenant/globex/")
+    looker.get(f"/admin/runs/run/{globex_run.id}/change/")
+    row = ConsoleAccess.objects.filter(user_id=user.pk, run_id=globex_run.id).get()
+
+    founder, _ = logged_in(superuser=True)
+    page = founder.get("/admin/tenants/consoleaccess/").content.decode()
+    assert user.username in page and str(globex_run.id) in page
+    detail = founder.get(f"/admin/tenants/consoleaccess/{row.pk}/change/")
+    assert detail.status_code == 200 and 'name="_save"' not in detail.content.decode()
+    founder.post(f"/admin/tenants/consoleaccess/{row.pk}/change/", {"username": "nobody"})
+    assert founder.post(f"/admin/tenants/consoleaccess/{row.pk}/delete/",
+                        {"post": "yes"}).status_code == 403
+    assert ConsoleAccess.objects.get(pk=row.pk).username == user.username
+
+    for statement in (lambda: ConsoleAccess.objects.filter(pk=row.pk).update(username="x"),
+                      lambda: ConsoleAccess.objects.filter(pk=row.pk).delete()):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            statement()
+    assert ConsoleAccess.objects.get(pk=row.pk).username == user.username
+
+
+def test_a_superusers_only_tenants_runs_are_a_404_for_other_staff(acme, globex_run,
+                                                                   globex_superusers_only):
+    staff, _ = logged_in(permissions=("view_run", "change_run", "view_outboxmessage"))
+    assert staff.get("/admin/runs/run/tenant/globex/").status_code == 404
+    assert staff.get("/admin/effects/outboxmessage/tenant/globex/").status_code == 404
+    listing = staff.get("/admin/runs/run/").content.decode()  # falls back to a visible tenant
+    assert "Runs of tenant acme" in listing and "/admin/runs/run/tenant/globex/" not in listing
+    session = staff.session
+    session["admin_runs_tenant"] = "globex"  # a tenant chosen before it was restricted
+    session.save()
+    assert staff.get(f"/admin/runs/run/{globex_run.id}/change/").status_code == 404
+    assert staff.get("/admin/runs/run/").status_code == 404
+
+    founder, _ = logged_in(superuser=True)
+    assert founder.get("/admin/runs/run/tenant/globex/").status_code == 302
+    assert founder.get(f"/admin/runs/run/{globex_run.id}/change/").status_code == 200
+
+
+def test_only_superusers_can_change_who_sees_a_tenant(globex):
+    staff, _ = logged_in(permissions=("view_tenant", "change_tenant"))
+    page = staff.get(f"/admin/tenants/tenant/{globex.pk}/change/").content.decode()
+    assert 'name="superusers_only"' not in page
+    founder, _ = logged_in(superuser=True)
+    page = founder.get(f"/admin/tenants/tenant/{globex.pk}/change/").content.decode()
+    assert 'name="superusers_only"' in page

@@ -1,0 +1,93 @@
+"""Deleting a tenant removes its S3 objects (archives, workspace snapshots), this host's workspace
+copies, its schema and its rows, and nothing of any other tenant."""
+
+import socket
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django_tenants.utils import schema_exists, tenant_context
+
+from agentplatform.s3 import s3_client
+from runs.retention import services as retention
+from runs.retention import store
+from sandboxes.services import LocalWorkspace, workspace_snapshot
+from tenants.models import Tenant
+from tenants.services import tenant_create
+from tests.retention.conftest import run_finished
+
+
+def put(key: str) -> str:
+    s3_client().put_object(Bucket=settings.S3_BUCKET, Key=key, Body=b"x")
+    return key
+
+
+def stored(prefix: str) -> list[str]:
+    return store.objects_under(prefix=prefix)
+
+
+def tenant_with_data(schema: str, tmp_path) -> tuple[Tenant, LocalWorkspace]:
+    tenant = tenant_create(schema_name=schema).tenant
+    source = tmp_path / f"{schema}-workspace"
+    source.mkdir()
+    (source / "report.md").write_text("tenant data")
+    with tenant_context(tenant):
+        archived = run_finished(steps=2)
+        retention.archive_pass(tenant=tenant)
+        running = run_finished(steps=1, age=timedelta(0))
+        workspace_snapshot(schema=schema, run_id=running.id, visit=0, path=source)
+    local = LocalWorkspace(schema=schema, run_id=running.id)
+    local.reset()
+    local.meta_write(snapshot=None, dirty_by=None, applied=[])
+    connection.set_schema_to_public()
+    assert stored(f"tenants/{schema}/archives/{archived.id}")
+    assert stored(f"tenants/{schema}/workspaces/{running.id}/")
+    return tenant, local
+
+
+def test_deleting_a_tenant_removes_its_objects_workspaces_and_schema_and_nothing_else(
+        s3, acme, tmp_path):
+    tenant, local = tenant_with_data("cyberdyne", tmp_path)
+    neighbour = put(f"tenants/cyberdyne2/workspaces/{uuid.uuid4()}/0.tar.gz.enc")  # same prefix, longer
+    acme_source = tmp_path / "acme-workspace"
+    acme_source.mkdir()
+    (acme_source / "a.txt").write_text("acme's")
+    with tenant_context(acme):
+        acme_run = run_finished(steps=1)
+        acme_snapshot = workspace_snapshot(schema="acme", run_id=acme_run.id, visit=0,
+                                           path=acme_source)
+    connection.set_schema_to_public()
+
+    call_command("delete_tenant", "cyberdyne", "--yes")
+
+    assert stored("tenants/cyberdyne/") == []
+    assert not local.dir.exists() and not local.dir.parent.exists()
+    assert not schema_exists("cyberdyne")
+    assert not Tenant.objects.filter(pk=tenant.pk).exists()
+    assert stored(neighbour) == [neighbour]
+    assert stored(acme_snapshot.object_key) == [acme_snapshot.object_key]
+    s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=neighbour)
+
+
+def test_a_deletion_stopped_by_an_unreachable_s3_keeps_the_tenant_suspended_to_delete_again(
+        s3, tmp_path):
+    tenant, local = tenant_with_data("soylent", tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    endpoint = settings.S3_ENDPOINT_URL
+    settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{dead}"
+    try:
+        with pytest.raises(CommandError, match="S3 is unavailable"):
+            call_command("delete_tenant", "soylent", "--yes")
+    finally:
+        settings.S3_ENDPOINT_URL = endpoint
+    assert Tenant.objects.get(pk=tenant.pk).status == "suspended"
+    assert schema_exists("soylent") and local.dir.exists() and stored("tenants/soylent/")
+
+    call_command("delete_tenant", "soylent", "--yes")
+    assert stored("tenants/soylent/") == [] and not schema_exists("soylent")
+    assert not local.dir.exists()
