@@ -57,7 +57,7 @@ def test_a_step_error_shows_only_the_steps_frames_to_the_tenant(in_acme, acme_ap
     shown = error.data["traceback"]
     assert shown.startswith("Traceback (most recent call last):")
     frames = [line for line in shown.splitlines() if line.lstrip().startswith('File "')]
-    assert frames and "tests/agents.py" in frames[0] and ", in wobble" in frames[0]
+    assert frames and "tests/support/agents.py" in frames[0] and ", in wobble" in frames[0]
     assert "runs/engine" not in shown and "harness.py" not in shown
     assert shown.rstrip().endswith("ConnectionError: upstream refused attempt 1")
     events = acme_api.get(f"/api/v1/runs/{run.id}/events").json()["results"]
