@@ -2,7 +2,7 @@
 formats and count what they receive, and a real SMTP server (aiosmtpd).
 
 Each HTTP fake is a ThreadingHTTPServer on 127.0.0.1. In a test, use the fixtures in
-tests/fakes/fixtures.py; from another process (workers, benchmarks), run one standalone:
+tests/support/fakes/fixtures.py; from another process (workers, benchmarks), run one standalone:
 
     python -m tests.support.fakes.stripe --port 18411
 
