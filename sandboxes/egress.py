@@ -5,7 +5,8 @@ A jail never gets a route out. When its tenant has an allow-list, the sandbox ca
 jail, where a small forwarder (`FORWARDER`, run inside the jail before the command) relays
 127.0.0.1:3128 to it. The proxy only tunnels `CONNECT host:port` to allow-listed hosts, resolves
 names itself, and refuses names that resolve to loopback, private, link-local or other
-non-global addresses, so the jail cannot reach the database or the host through it.
+non-public addresses (agentplatform.addresses, the connectors' check), so the jail cannot reach
+the database or the host through it.
 """
 
 import ipaddress
@@ -18,6 +19,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentplatform.addresses import address_refusal
 
 logger = logging.getLogger("sandboxes.egress")
 
@@ -125,11 +128,9 @@ class EgressPolicy:
             return [], f"does not resolve ({exc.strerror or exc})"
         addresses = []
         for family, _, _, _, sockaddr in infos:
-            address = ipaddress.ip_address(sockaddr[0].split("%")[0])
-            mapped = getattr(address, "ipv4_mapped", None)
-            checked = mapped or address
-            if not checked.is_global or checked.is_multicast or checked.is_reserved:
-                return [], f"resolves to a non-public address ({address})"
+            why = address_refusal(sockaddr[0])
+            if why:
+                return [], f"resolves to a non-public address ({why})"
             addresses.append((family, sockaddr))
         return addresses, ""
 

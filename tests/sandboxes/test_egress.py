@@ -17,6 +17,7 @@ from sandboxes.jail import sandbox_execute
 from sandboxes.models import SandboxEgressRule
 from sandboxes.selectors import egress_rules
 from sandboxes.services import SandboxSession, egress_allow, egress_clear
+from tests.integrations.test_transport_ssrf import zone  # noqa: F401  (the fake resolver)
 from tests.sandboxes.test_jail import run, tight, workspace
 
 # Inside the jail: open a CONNECT tunnel through $HTTPS_PROXY, then speak plain HTTP in it.
@@ -167,6 +168,26 @@ def test_allow_list_entries_are_validated_and_matched():
     for bad in ("", "*.com", "exa mple.com", "example.com:0", "example.com:http", "a/b"):
         with pytest.raises(EgressRuleInvalid):
             egress_rule_parse(bad)
+
+
+@pytest.mark.parametrize("address", [
+    "2002:7f00:1::", "2002:a9fe:a9fe::", "2002:a00:5::",  # 6to4 of loopback, metadata, 10/8
+    "fec0::1",  # site-local: Python 3.11 calls it global
+    "64:ff9b::7f00:1", "2001:0:4136:e378:8000:63bf:80ff:fffe",  # NAT64, Teredo of 127.0.0.1
+    "::ffff:10.0.0.5", "10.0.0.5", "192.88.99.1",
+])
+def test_a_name_resolving_to_any_form_of_a_private_address_is_denied(zone, address):  # noqa: F811
+    zone.answers["x.pkg.ssrf.test"] = [[address]]
+    policy = EgressPolicy(tenant="acme", run="r", rules=(egress_rule_parse("*.pkg.ssrf.test"),))
+    addresses, why = policy.decide("x.pkg.ssrf.test", 443)
+    assert addresses == [] and "non-public address" in why
+
+
+def test_a_name_resolving_to_public_addresses_is_allowed(zone):  # noqa: F811
+    zone.answers["x.pkg.ssrf.test"] = [["8.8.8.8", "2002:808:808::1"]]  # checked, not connected to
+    policy = EgressPolicy(tenant="acme", run="r", rules=(egress_rule_parse("*.pkg.ssrf.test"),))
+    addresses, why = policy.decide("x.pkg.ssrf.test", 443)
+    assert why == "" and [sockaddr[0] for _, sockaddr in addresses] == ["8.8.8.8", "2002:808:808::1"]
 
 
 @pytest.fixture
