@@ -19,6 +19,7 @@ from agentplatform.errors import ServiceError
 from tenants.models import Tenant
 from tenants.services import data_key_get
 
+from .connectors import connector_get
 from .models import Credential
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,49}$")
@@ -45,6 +46,10 @@ def credential_set(*, connector: str, secrets: dict[str, Any], label: str = "def
     _check_names(connector, label)
     if not isinstance(secrets, dict) or not secrets:
         raise CredentialError("secrets must be a non-empty JSON object", code="invalid_secrets")
+    problem = _shape_problem(connector, secrets)
+    if problem:
+        raise CredentialError(f"not a valid {connector!r} credential: {problem}",
+                              code="invalid_secrets")
     plaintext = json.dumps(secrets, separators=(",", ":"), sort_keys=True).encode()
     if len(plaintext) > SECRETS_MAX_BYTES:
         raise CredentialError(f"secrets are larger than {SECRETS_MAX_BYTES} bytes", code="invalid_secrets")
@@ -119,6 +124,16 @@ def _current_tenant() -> Tenant:
     if isinstance(tenant, Tenant) and tenant.schema_name == schema:
         return tenant
     return Tenant.objects.get(schema_name=schema)  # set_schema() leaves only a FakeTenant
+
+
+def _shape_problem(connector: str, secrets: dict[str, Any]) -> str:
+    """The connector's own check of its credential's fields; a connector that is not registered
+    (yet) has none."""
+    try:
+        receiver = connector_get(connector)
+    except LookupError:
+        return ""
+    return receiver.credential_problem(secrets)
 
 
 def _check_names(connector: str, label: str) -> None:

@@ -55,6 +55,17 @@ class Connector:
     # attempt that may have been sent is simply made again, and no person is asked.
     safe_to_repeat: ClassVar[bool] = False
 
+    # credential fields that, when present, must be strings (checked when stored)
+    credential_strings: ClassVar[tuple[str, ...]] = ()
+
+    def credential_problem(self, secrets: dict[str, Any]) -> str:
+        """Why `secrets` cannot be this connector's credential ("" if it can): a wrong type
+        would otherwise reach the connector, or a library that fills a gap with our settings."""
+        for name in self.credential_strings:
+            if name in secrets and not isinstance(secrets[name], str):
+                return f"{name!r} must be a string"
+        return ""
+
     def execute(self, call: Call) -> dict[str, Any]:
         raise NotImplementedError
 

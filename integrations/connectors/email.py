@@ -2,8 +2,13 @@
 
 args: to (address or list), subject, body, from (optional).
 credentials (optional, else EMAIL_* settings): host, port, username, password, use_tls, use_ssl,
-from (the default sender).
+from (the default sender). Strings, a number for port, booleans for use_tls/use_ssl
+(`credential_problem`, checked when the credential is stored and again here): with a tenant's
+host, nothing comes from the EMAIL_* settings, not the relay's login nor its client certificate.
 result: {"message_id": "<...>", "recipients": [...]}.
+
+The whole SMTP conversation (connect, TLS, every command and reply) has one deadline,
+CONNECTOR_TIMEOUT_SECONDS, like an HTTP call (transport.Deadline).
 
 Plain SMTP cannot be asked whether a message arrived, so the key travels in the message
 (`X-Idempotency-Key`, and a Message-ID derived from it) for a receiver or a person to spot a
@@ -11,6 +16,7 @@ duplicate, and `lookup` answers UNKNOWN.
 """
 
 import hashlib
+import io
 import smtplib
 from typing import Any
 
@@ -19,7 +25,10 @@ from django.core.mail import EmailMessage
 from django.core.mail.backends.smtp import EmailBackend
 
 from .base import Call, Connector, ConnectorError, connector_register
-from .transport import Destination, destination_resolve
+from .transport import Deadline, DeadlineReader, Destination, destination_resolve
+
+REPLIES_MAX_BYTES = 1024 * 1024  # all the server's replies in one conversation
+CREDENTIAL_BOOLEANS = ("use_tls", "use_ssl")
 
 
 def message_id_for(idempotency_key: str) -> str:
@@ -30,8 +39,25 @@ def message_id_for(idempotency_key: str) -> str:
 class EmailConnector(Connector):
     name = "email"
     honours_idempotency_key = False
+    credential_strings = ("host", "username", "password", "from")
+
+    def credential_problem(self, secrets: dict[str, Any]) -> str:
+        problem = super().credential_problem(secrets)
+        if problem:
+            return problem
+        for field in CREDENTIAL_BOOLEANS:
+            if field in secrets and not isinstance(secrets[field], bool):
+                return f"{field!r} must be true or false"
+        port = secrets.get("port", 587)
+        if isinstance(port, bool) or not (isinstance(port, int) or isinstance(port, str)
+                                          and port.isdigit()):
+            return "'port' must be a number"
+        if secrets.get("use_tls") and secrets.get("use_ssl"):
+            return "'use_tls' and 'use_ssl' cannot both be true"
+        return ""
 
     def execute(self, call: Call) -> dict[str, Any]:
+        deadline = Deadline(settings.CONNECTOR_TIMEOUT_SECONDS)
         args, creds = call.args, call.credentials
         to = args.get("to")
         recipients = [to] if isinstance(to, str) else list(to or [])
@@ -42,17 +68,18 @@ class EmailConnector(Connector):
                 raise ConnectorError(f"email: {field!r} must be a string", retryable=False)
         message_id = message_id_for(call.idempotency_key)
         if creds.get("host"):  # the tenant's own server: its values only, never ours
-            try:
-                port = int(creds.get("port", 587))
-            except (TypeError, ValueError):
-                raise ConnectorError("email: the credential's 'port' is not a number",
-                                     retryable=False) from None
-            destination = destination_resolve(str(creds["host"]), port, receiver="email",
+            problem = self.credential_problem(creds)
+            if problem:  # stored before the check existed: refuse rather than fall back on ours
+                raise ConnectorError(f"email: the tenant's email credential is invalid: {problem}",
+                                     retryable=False)
+            port = int(creds.get("port", 587))
+            destination = destination_resolve(creds["host"], port, receiver="email",
                                               ports=settings.CONNECTOR_SMTP_PORTS)
+            # every value explicit: Django's backend takes EMAIL_* settings for a None
             smtp = {"host": destination.host, "port": port,
                     "username": creds.get("username", ""), "password": creds.get("password", ""),
-                    "use_tls": bool(creds.get("use_tls", False)),
-                    "use_ssl": bool(creds.get("use_ssl", False))}
+                    "use_tls": creds.get("use_tls", False), "use_ssl": creds.get("use_ssl", False),
+                    "ssl_certfile": "", "ssl_keyfile": ""}
             sender, reply_to = args.get("from") or creds.get("from") or settings.DEFAULT_FROM_EMAIL, []
         else:  # the platform's relay: its login never goes elsewhere, and it sends as itself
             destination = destination_resolve(settings.EMAIL_HOST, settings.EMAIL_PORT,
@@ -62,8 +89,8 @@ class EmailConnector(Connector):
                     "use_tls": settings.EMAIL_USE_TLS, "use_ssl": settings.EMAIL_USE_SSL}
             sender = settings.DEFAULT_FROM_EMAIL
             reply_to = [args["from"]] if args.get("from") else []
-        backend = PinnedEmailBackend(destination=destination, fail_silently=False,
-                                     timeout=settings.CONNECTOR_TIMEOUT_SECONDS, **smtp)
+        backend = PinnedEmailBackend(destination=destination, deadline=deadline,
+                                     fail_silently=False, timeout=deadline.seconds, **smtp)
         message = EmailMessage(
             subject=args["subject"], body=args["body"], to=recipients, from_email=sender,
             reply_to=reply_to, connection=backend,
@@ -100,22 +127,34 @@ class EmailConnector(Connector):
 
 class PinnedEmailBackend(EmailBackend):
     """Django's SMTP backend, connecting to the destination's checked address only; the name
-    stays the TLS server_hostname (SMTPS and STARTTLS), so certificates are checked against it."""
+    stays the TLS server_hostname (SMTPS and STARTTLS), so certificates are checked against it.
+    Every send and every reply waits only for the time the call's deadline has left."""
 
-    def __init__(self, *, destination: Destination, **kwargs):
+    def __init__(self, *, destination: Destination, deadline: Deadline, **kwargs):
         super().__init__(**kwargs)
-        self.destination = destination
+        self.destination, self.deadline = destination, deadline
 
     @property
     def connection_class(self):
-        destination = self.destination
+        destination, deadline = self.destination, self.deadline
 
         class PinnedSMTP(smtplib.SMTP_SSL if self.use_ssl else smtplib.SMTP):
             def _get_socket(self, host, port, timeout):
-                sock = destination.connect(timeout)
+                sock = destination.connect(deadline)
                 if isinstance(self, smtplib.SMTP_SSL):  # self._host is the name given, not the IP
                     sock = self.context.wrap_socket(sock, server_hostname=self._host)
                 return sock
+
+            def send(self, s):
+                if self.sock:
+                    self.sock.settimeout(deadline.left())
+                super().send(s)
+
+            def getreply(self):
+                if self.file is None and self.sock:  # again after STARTTLS, over the TLS socket
+                    self.file = io.BufferedReader(
+                        DeadlineReader(self.sock, deadline, REPLIES_MAX_BYTES))
+                return super().getreply()
 
         return PinnedSMTP
 

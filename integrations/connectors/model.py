@@ -36,6 +36,7 @@ def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
 class ModelConnector(Connector):
     name = "model"
     honours_idempotency_key = False
+    credential_strings = ("api_key", "base_url")
     safe_to_repeat = True  # a second answer costs tokens, not a second act in the world
 
     def execute(self, call: Call) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def form_encode(params: dict[str, Any]) -> bytes:
 class PaymentsConnector(Connector):
     name = "payments"
     honours_idempotency_key = True
+    credential_strings = ("secret_key", "api_url")
 
     def execute(self, call: Call) -> dict[str, Any]:
         args = call.args

@@ -28,6 +28,7 @@ PAGE_SIZE = 200
 class SlackConnector(Connector):
     name = "slack"
     honours_idempotency_key = False
+    credential_strings = ("token", "api_url")
 
     def execute(self, call: Call) -> dict[str, Any]:
         args = call.args

@@ -46,6 +46,7 @@ def signature_verify(secret: str, header: str, body: bytes, *, tolerance: float 
 class WebhookConnector(Connector):
     name = "webhook"
     honours_idempotency_key = True
+    credential_strings = ("signing_secret", "url")
 
     def execute(self, call: Call) -> dict[str, Any]:
         url = call.args.get("url") or call.credentials.get("url")

@@ -113,6 +113,38 @@ def test_names_and_secrets_are_validated(clean, acme):
             assert raised.value.code == code
 
 
+@pytest.mark.parametrize("connector, secrets", [
+    ("email", {"host": "mx.acme.test", "username": None, "password": None}),
+    ("email", {"host": "mx.acme.test", "use_tls": "false"}),
+    ("email", {"host": "mx.acme.test", "port": "twenty-five"}),
+    ("email", {"host": "mx.acme.test", "use_tls": True, "use_ssl": True}),
+    ("slack", {"token": None}),
+    ("webhook", {"signing_secret": 12345}),
+    ("payments", {"secret_key": ["sk_test_x"]}),
+    ("model", {"api_key": "sk-x", "base_url": {"url": "http://127.0.0.1/"}}),
+])
+def test_a_credential_of_the_wrong_shape_for_its_connector_is_refused(clean, acme, connector,
+                                                                      secrets):
+    with tenant_context(acme):
+        with pytest.raises(CredentialError) as raised:
+            credential_set(connector=connector, secrets=secrets)
+        assert raised.value.code == "invalid_secrets"
+        assert not Credential.objects.exists()
+
+
+def test_the_api_refuses_a_null_smtp_login_with_a_clear_400(clean, acme_api, globex_api):
+    url = "/api/v1/credentials/email/default"
+    response = acme_api.put(url, {"secrets": {"host": "mx.acme.test", "username": None,
+                                              "password": None}}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_secrets"
+    assert "'username' must be a string" in response.json()["error"]["message"]
+    good = {"secrets": {"host": "mx.globex.test", "username": "globex", "password": "pw",
+                        "port": 587, "use_tls": True}}
+    assert globex_api.put(url, good, format="json").status_code == 201
+    assert acme_api.get(url).status_code == 404
+
+
 def test_the_api_sets_lists_and_deletes_without_showing_secrets(clean, acme_api, globex_api, caplog):
     caplog.set_level(logging.DEBUG)
     url = "/api/v1/credentials/slack/default"

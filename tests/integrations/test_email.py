@@ -1,9 +1,15 @@
 """The email connector against a real SMTP server (aiosmtpd) on loopback."""
 
+import socket
+import threading
+
 import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 
 from integrations.connectors import ConnectorError, Lookup, connector_get
 from integrations.connectors.email import message_id_for
+from tests.support.fakes.smtp import Inbox, free_port
 
 
 @pytest.fixture
@@ -54,3 +60,73 @@ def test_smtp_errors_map_to_retryable_or_not(email, smtp_server, call):
         email.execute(call({"to": "", "subject": "s", "body": "b"}, creds(smtp_server)))
     assert not invalid.value.retryable
     assert smtp_server.messages == []
+
+
+# -- a tenant's server never gets the platform relay's login or client certificate -------------
+
+@pytest.fixture
+def logins():
+    """An SMTP server on loopback that offers AUTH and records every login it is given: the
+    tenant's server, run by whoever set the credential."""
+    seen: list[tuple[bytes, bytes]] = []
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        seen.append((auth_data.login, auth_data.password))
+        return AuthResult(success=True)
+
+    controller = Controller(Inbox(), hostname="127.0.0.1", port=free_port(),
+                            authenticator=authenticator, auth_require_tls=False)
+    controller.start()
+    yield controller.port, seen
+    controller.stop()
+
+
+@pytest.mark.parametrize("login", [{"username": None, "password": None},
+                                   {"username": None}, {"password": None}])
+def test_a_tenant_server_with_a_null_login_never_gets_the_relays_login(email, settings, logins,
+                                                                       call, login):
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "relay-user", "relay-password"
+    port, seen = logins
+    with pytest.raises(ConnectorError, match="must be a string") as refused:
+        email.execute(call({"to": "ops@acme.test", "subject": "s", "body": "b"},
+                           {"host": "127.0.0.1", "port": port, **login}))
+    assert not refused.value.retryable and not refused.value.sent
+    assert seen == []
+
+
+def test_a_tenant_server_gets_the_tenants_login_or_none(email, settings, logins, call):
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "relay-user", "relay-password"
+    port, seen = logins
+    message = {"to": "ops@acme.test", "subject": "s", "body": "b"}
+    email.execute(call(message, {"host": "127.0.0.1", "port": port}))
+    email.execute(call(message, {"host": "127.0.0.1", "port": port, "username": "acme",
+                                 "password": "acme-pw"}))
+    assert seen == [(b"acme", b"acme-pw")]
+
+
+@pytest.mark.parametrize("field, value", [("use_tls", "false"), ("use_ssl", 1), ("port", True),
+                                          ("port", "25x"), ("host", ["127.0.0.1"])])
+def test_a_tenant_credential_of_the_wrong_shape_is_refused_before_connecting(
+        email, logins, call, field, value):
+    port, seen = logins
+    with pytest.raises(ConnectorError, match="credential is invalid") as refused:
+        email.execute(call({"to": "ops@acme.test", "subject": "s", "body": "b"},
+                           {"host": "127.0.0.1", "port": port, field: value}))
+    assert not refused.value.retryable and not refused.value.sent
+
+
+def test_a_tenant_server_is_not_shown_the_relays_client_certificate(email, settings, call):
+    # the relay's certificate files do not exist: a client that loads them fails with
+    # FileNotFoundError before any TLS; one that does not gets to the (refused) handshake
+    settings.EMAIL_SSL_CERTFILE = "/nonexistent/relay-client.crt"
+    settings.EMAIL_SSL_KEYFILE = "/nonexistent/relay-client.key"
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True).start()
+    try:
+        with pytest.raises(ConnectorError, match="cannot open an SMTP session") as failed:
+            email.execute(call({"to": "ops@acme.test", "subject": "s", "body": "b"},
+                               {"host": "127.0.0.1", "port": listener.getsockname()[1],
+                                "use_ssl": True}))
+    finally:
+        listener.close()
+    assert "FileNotFoundError" not in str(failed.value)

@@ -16,6 +16,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 
 import pytest
 from cryptography import x509
@@ -23,8 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agentplatform.addresses import address_refusal
 from integrations.connectors import ConnectorError, connector_get
-from integrations.connectors.transport import address_refusal, destination_resolve, request
+from integrations.connectors.transport import destination_resolve, request
 
 ZONE = ".ssrf.test"
 PUBLIC = "8.8.8.8"  # globally routable: only ever checked, never connected to
@@ -77,14 +79,35 @@ def webhook_call(call, url):
     "2002:7f00:1::",  # 6to4 carrying 127.0.0.1
     "64:ff9b::a9fe:a9fe",  # NAT64 carrying 169.254.169.254
     "224.0.0.1",
+    # what Python 3.11's is_global calls global: the answer must not depend on the version
+    "fec0::1", "feff::1",  # deprecated site-local, still routed inside some networks
+    "2002:a9fe:a9fe::", "2002:c0a8:101::", "2002:a00:5::",  # 6to4 of metadata, 192.168/16, 10/8
+    "2001:db8::1", "3fff::1",  # documentation
+    "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo whose client is 127.0.0.1
+    "::127.0.0.1", "::ffff:0:7f00:1",  # IPv4-compatible and IPv4-translated forms
+    "64:ff9b:1::a9fe:a9fe",  # local-use NAT64
+    "192.88.99.1", "198.18.0.1", "192.0.0.8", "240.0.0.1", "255.255.255.255",
+    "fe80::1%eth0", "not-an-address",
 ])
 def test_non_public_addresses_are_refused(address):
     assert address_refusal(address)
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "2001:4860:4860::8888"])
+@pytest.mark.parametrize("address", [
+    "8.8.8.8", "2001:4860:4860::8888",
+    "2002:808:808::1", "64:ff9b::808:808", "::ffff:8.8.8.8",  # carrying a public IPv4 address
+])
 def test_public_addresses_are_allowed(address):
     assert address_refusal(address) == ""
+
+
+@pytest.mark.parametrize("address", ["fec0::1", "2002:7f00:1::", "2002:a9fe:a9fe::"])
+def test_a_name_resolving_to_an_ipv6_form_of_a_private_address_is_refused(guarded, zone,
+                                                                          address):
+    zone.answers["sitelocal.ssrf.test"] = [[address]]
+    with pytest.raises(ConnectorError, match="non-public address") as refused:
+        destination_resolve("sitelocal.ssrf.test", 443, receiver="webhook", ports=[443])
+    assert refused.value.sent is False
 
 
 # -- tenant URLs through the webhook connector: nothing reaches the receiver on loopback ---------
@@ -285,3 +308,138 @@ def test_smtps_to_the_checked_address_sends_the_name_as_sni_and_verifies_it(zone
                                             {"host": "tls.ssrf.test", "port": port, "use_ssl": True}))
     assert seen == ["tls.ssrf.test"]
     assert zone.lookups["tls.ssrf.test"] == 1
+
+
+# -- one deadline per call: a receiver that drips its answer cannot hold a worker ---------------
+
+class Drip:
+    """A receiver on loopback that answers each connection with `answer`, one byte every `pace`
+    seconds (each read is well under the timeout; the whole answer is not)."""
+
+    def __init__(self, answer: bytes, pace: float, *, read_first: bool):
+        self.answer, self.pace, self.read_first = answer, pace, read_first
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                if self.read_first:
+                    client.recv(65536)
+                for byte in self.answer:
+                    if self.stop.wait(self.pace):
+                        break
+                    client.sendall(bytes([byte]))
+            except OSError:
+                pass  # the client gave up: what is tested
+            finally:
+                client.close()
+
+    def close(self):
+        self.stop.set()
+        self.listener.close()
+
+
+@pytest.fixture
+def drip():
+    made = []
+
+    def make(answer: bytes, pace: float = 0.25, *, read_first: bool = True) -> Drip:
+        made.append(Drip(answer, pace, read_first=read_first))
+        return made[-1]
+
+    yield make
+    for receiver in made:
+        receiver.close()
+
+
+def test_an_http_answer_dripped_a_byte_at_a_time_ends_at_the_calls_deadline(settings, drip, call):
+    settings.CONNECTOR_TIMEOUT_SECONDS = 1.0
+    # 80 bytes at 0.25 s each: 20 s, every single read well within the 1 s timeout
+    slow = drip(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n" + b"x" * 40)
+    began = time.monotonic()
+    with pytest.raises(ConnectorError, match="timed out") as raised:
+        connector_get("webhook").execute(webhook_call(call, f"http://127.0.0.1:{slow.port}/hook"))
+    assert time.monotonic() - began < 4
+    assert raised.value.retryable and raised.value.sent
+
+
+def test_http_headers_dripped_forever_end_at_the_calls_deadline(settings, drip, call):
+    settings.CONNECTOR_TIMEOUT_SECONDS = 1.0
+    slow = drip(b"HTTP/1.1 200 OK\r\n" + b"X-Slow: y\r\n" * 20, pace=0.1)
+    began = time.monotonic()
+    with pytest.raises(ConnectorError, match="timed out"):
+        connector_get("webhook").execute(webhook_call(call, f"http://127.0.0.1:{slow.port}/hook"))
+    assert time.monotonic() - began < 4
+
+
+def test_an_smtp_server_that_drips_its_greeting_ends_at_the_calls_deadline(settings, zone, drip,
+                                                                          call):
+    settings.CONNECTOR_TIMEOUT_SECONDS = 1.0
+    slow = drip(b"220-" + b"x" * 60 + b"\r\n220 ok\r\n", read_first=False)  # 17 s of greeting
+    zone.answers["mail.ssrf.test"] = [["127.0.0.1"]]  # loopback: the suite allows it
+    began = time.monotonic()
+    with pytest.raises(ConnectorError, match="cannot open an SMTP session") as raised:
+        connector_get("email").execute(call({"to": "a@example.com", "subject": "s", "body": "b"},
+                                            {"host": "mail.ssrf.test", "port": slow.port}))
+    assert time.monotonic() - began < 4
+    assert raised.value.sent is False
+
+
+def test_a_large_answer_from_a_receiver_that_closes_is_read_whole(drip):
+    body = bytes(range(256)) * 1024  # 256 KiB: many reads, after http.client closed its end
+    answer = b"HTTP/1.0 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    receiver = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        client, _ = receiver.accept()
+        client.recv(65536)
+        client.sendall(answer)
+        for start in range(0, len(body), 16384):
+            time.sleep(0.005)
+            client.sendall(body[start:start + 16384])
+        client.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        response = request("GET", f"http://127.0.0.1:{receiver.getsockname()[1]}/big", headers={},
+                           receiver="webhook")
+    finally:
+        receiver.close()
+    assert response.status == 200 and response.body == body
+
+
+def test_a_name_with_many_unanswering_addresses_ends_at_the_calls_deadline(settings, zone, call):
+    settings.CONNECTOR_TIMEOUT_SECONDS = 1.0
+    # a listener whose accept queue is full: the kernel drops further SYNs, so each connect hangs
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    port = full.getsockname()[1]
+    held = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            held.append(filler)
+        probe = socket.socket()
+        probe.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # the premise: a connect here hangs
+            probe.connect(("127.0.0.1", port))
+        probe.close()
+        zone.answers["many.ssrf.test"] = [["127.0.0.1"] * 8]  # 8 s if each got the timeout
+        began = time.monotonic()
+        with pytest.raises(ConnectorError, match="cannot connect") as raised:
+            connector_get("webhook").execute(webhook_call(call, f"http://many.ssrf.test:{port}/"))
+        assert time.monotonic() - began < 4
+        assert raised.value.sent is False
+    finally:
+        for sock in (*held, full):
+            sock.close()

@@ -78,3 +78,37 @@ def test_a_receiver_that_never_answers_times_out_as_maybe_delivered(webhook, fak
         with pytest.raises(ConnectorError, match="timed out") as raised:
             webhook.execute(call({"payload": {}, "url": url}, {"signing_secret": SECRET}))
     assert raised.value.retryable and raised.value.sent
+
+
+# -- what cannot be sent is refused before connecting, never quoted, and marked not sent -------
+
+@pytest.mark.parametrize("path", ["/hook?token=SUPERSECRET1234 x", 
+                                  "/h\u00e9?token=SUPERSECRET1234", "/hook?token=SUPERSECRET1234\x7f"])
+def test_a_url_that_cannot_be_sent_is_refused_unsent_without_quoting_it(webhook, fake_webhook,
+                                                                         call, path):
+    with pytest.raises(ConnectorError, match="cannot send this request") as refused:
+        webhook.execute(call({"payload": {}}, {"signing_secret": SECRET,
+                                               "url": f"{fake_webhook.url}{path}"}))
+    assert "SUPERSECRET1234" not in str(refused.value)
+    assert refused.value.sent is False and refused.value.retryable is False
+    assert fake_webhook.deliveries == []
+
+
+@pytest.mark.parametrize("event", ["paid\r\nX-Injected: 1", "paid\nX-Injected: 1", "pay\u2603",
+                                   "paid\x00"])
+def test_an_event_that_cannot_be_a_header_is_refused_unsent(webhook, fake_webhook, call, event):
+    with pytest.raises(ConnectorError, match="X-Agentplatform-Event header") as refused:
+        webhook.execute(call({"payload": {}, "event": event}, creds(fake_webhook)))
+    assert refused.value.sent is False and refused.value.retryable is False
+    assert fake_webhook.deliveries == []
+
+
+@pytest.mark.parametrize("url", ["https://user:pa'ssw0rd@hooks.ssrf.test:99999/",
+                                 "https://user:pa ssw0rd@hooks.ssrf.test:99999/",
+                                 "https://user:pa<ssw0rd@hooks.ssrf.test:x/",
+                                 "https://user:pa\"ssw0rd@[::1/"])
+def test_a_malformed_url_is_refused_without_echoing_it(webhook, call, url):
+    with pytest.raises(ConnectorError, match="not http") as refused:
+        webhook.execute(call({"payload": {}, "url": url}, {"signing_secret": SECRET}))
+    assert "ssw0rd" not in str(refused.value) and "user" not in str(refused.value)
+    assert refused.value.sent is False and refused.value.retryable is False
