@@ -2,9 +2,11 @@
 built or stored (connector errors, run events, effect and outbox rows, the run's error) and
 `SecretsRedactingFilter` for log records. Imports no app, so every layer can use it.
 
-What goes: a URL's `user:password@`, every query value of a URL (`?token=`, `key=`, `sig=`...),
-secret-looking path segments (Slack's `/services/T…/B…/…`, long random segments), and bearer
-tokens / Slack and Stripe keys written bare.
+What goes: a URL's `user:password@` (everything between `://` and the authority's last `@`,
+whatever the characters: a password may hold quotes or spaces), every query value of a URL or of
+a bare `/path?query` (`?token=`, `key=`, `sig=`...), secret-looking path segments (Slack's
+`/services/T…/B…/…`, long random segments), and bearer tokens / Slack and Stripe keys written
+bare.
 """
 
 import logging
@@ -15,10 +17,16 @@ REDACTED = "[redacted]"
 # a URL ends before whitespace, quotes, and the punctuation of the sentence around it
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`:.,;)\]]")
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@")
+# the authority's userinfo before the URL is cut out of its sentence: up to the last @ on the line
+_ANY_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\r\n]*@")
+# a request target written without scheme and host (`GET /hook?token=...`)
+_BARE_TARGET = re.compile(r"(?<![\w.:/@\]])(/[^\s'\"<>?#]*\?)([^\s'\"<>#]*)")
 _QUERY_VALUE = re.compile(r"([?&;][^=&#;?]*=)[^&#;]*")
 _SLACK_HOOK = re.compile(r"(/services)/[^?#]+")
-# A path segment of 20+ characters with letters and digits in it looks like a token.
-_SECRET_SEGMENT = re.compile(r"(?<=/)(?=[^/?#]*[0-9])(?=[^/?#]*[A-Za-z])[A-Za-z0-9_\-.~%]{20,}(?=[/?#]|$)")
+# A path segment of 20+ characters with letters and digits in it, or 20 letters in a row (no
+# word is that long), looks like a token.
+_SECRET_SEGMENT = re.compile(r"(?<=/)(?:(?=[^/?#]*[0-9])(?=[^/?#]*[A-Za-z])|(?=[^/?#]*[A-Za-z]{20}))"
+                             r"[A-Za-z0-9_\-.~%]{20,}(?=[/?#]|$)")
 _BARE_TOKENS = re.compile(
     r"(?i)(\bbearer\s+)[^\s'\",]+"
     r"|\bxox[abposr]-[A-Za-z0-9-]+"
@@ -47,7 +55,10 @@ def secrets_redact(text: str) -> str:
     """`text` with credentials and secret parts of URLs replaced by `[redacted]`."""
     if not text:
         return text
+    text = _ANY_USERINFO.sub(rf"\1{REDACTED}@", text)
     text = _URL.sub(_url_redact, text)
+    text = _BARE_TARGET.sub(
+        lambda m: m.group(1) + _QUERY_VALUE.sub(rf"\1{REDACTED}", "?" + m.group(2))[1:], text)
     text = _BARE_TOKENS.sub(lambda m: (m.group(1) or "") + REDACTED, text)
     return _BARE_USERINFO.sub(f"{REDACTED}@", text)
 

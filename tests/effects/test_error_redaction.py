@@ -42,6 +42,16 @@ def assert_no_secret(text: str, where: str) -> None:
     ("bob:hunter2@smtp.example.com:587 said no", "smtp.example.com:587", "hunter2"),
     ("Authorization: Bearer sk-abcdefghijklmnopqrstu", "Authorization", "sk-abcdef"),
     ("slack said invalid_auth for xoxb-1234-5678-abcdef", "invalid_auth", "xoxb-1234"),
+    # a password with a quote, a space or a '<' (a URL's repr, a sentence) is still userinfo
+    (repr("https://user:pa'ss@hook.example.com:99999/"), "hook.example.com", "ss@"),
+    (repr("ftp://user:pa ss@hook.example.com/"), "hook.example.com/", "ss@"),
+    ("could not reach https://user:pa<ss@h.example.com/", "h.example.com/", "ss@"),
+    ("could not reach https://user:pa\"ss@h.example.com/x", "h.example.com/x", "ss@"),
+    # a request line without scheme or host keeps its path, not its query values
+    ("GET /hook?token=SUPERSECRET1234&page=2 failed", "GET /hook?token=", "SUPERSECRET1234"),
+    # a token of letters only
+    ("https://h.example.com/hooks/abcdefghijklmnopqrstuvwxyzabcdef", "h.example.com/hooks/",
+     "abcdefghijklmnopqrstuvwxyzabcdef"),
 ])
 def test_secrets_are_redacted_from_texts(text, kept, gone):
     redacted = secrets_redact(text)
@@ -51,6 +61,9 @@ def test_secrets_are_redacted_from_texts(text, kept, gone):
 def test_a_plain_error_text_is_left_alone():
     text = "email: SMTP server said 550 user@example.com unknown; step 'a' raised ValueError: 3:4"
     assert secrets_redact(text) == text
+    for text in ("webhook: cannot connect to https://hooks.example.com:443/hooks/order-paid: "
+                 "timed out", "a/b?c is a path, 1/2 a fraction"):
+        assert secrets_redact(text) == text
 
 
 def test_a_failing_effects_url_secrets_are_in_no_row_event_or_api_answer(in_acme, acme_api):
