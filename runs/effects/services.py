@@ -30,6 +30,7 @@ from opentelemetry import trace
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
 from agentplatform.redaction import secrets_redact
+from agentplatform.telemetry import span_start
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from integrations.services import credential_get
@@ -59,7 +60,7 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
                    budget_check=None) -> Any:
     """Run the effect once. Returns the recorded or new result; raises EffectError,
     EffectRefused, NeedsPerson or BudgetExceeded."""
-    with tracer.start_as_current_span(f"effect {name}", attributes={
+    with span_start(tracer, f"effect {name}", attributes={
             "run.id": str(scope.run_id), "effect": name, "connector": connector,
             "scope": scope.key}) as span:
         result = _effect_perform(scope=scope, name=name, connector=connector, args=args,

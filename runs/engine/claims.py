@@ -10,6 +10,8 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.redaction import secrets_redact
+from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_defer
 
 from ..agents import Agent, UnknownAgent, registry
@@ -43,7 +45,9 @@ def run_release_unknown(*, run: Run, epoch: int, reason: str) -> Outcome:
 
 def run_park_refused(*, run: Run, epoch: int, reason: str,
                      kind: str = "resume_refused") -> Outcome:
-    """Leave a run parked (waiting) with the reason it cannot run on this code."""
+    """Leave a run parked (waiting) with the reason it cannot run on this code (redacted: an
+    engine error's message may quote a secret)."""
+    reason = secrets_redact(reason)
     with transaction.atomic():
         run_fence(run=run, epoch=epoch, status=Run.Status.WAITING, waiting_reason=reason,
                   lease_owner="", lease_expires_at=None)
@@ -98,7 +102,7 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
     lease = {"schema": connection.schema_name, "table": Run._meta.db_table, "row_id": run.id}
     leases.hold(epoch=epoch, **lease)
     try:
-        with tracer.start_as_current_span("run.advance", attributes={
+        with span_start(tracer, "run.advance", attributes={
                 "tenant": connection.schema_name, "run.id": str(run.id), "agent": run.agent,
                 "agent.version": run.agent_version, "lease.epoch": epoch,
                 "durability": run.durability}) as span:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from agentplatform.redaction import secrets_redact
+from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
@@ -146,7 +147,7 @@ class Harness:
                               attempt=attempt, logs=logs, writer=self.writer, item=self.item,
                               branch=self.branch, epoch=self.epoch)
             try:
-                with tracer.start_as_current_span(f"step {step.name}", attributes={
+                with span_start(tracer, f"step {step.name}", attributes={
                         "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
                         "attempt": attempt}) as span:
                     transition = step.fn(ctx, State(position.state, logs))

@@ -10,6 +10,8 @@ from django.db.utils import DatabaseError
 
 from runs import engine
 from runs.agents import Agent, registry
+from runs.engine.claims import run_park_refused
+from runs.engine.store import run_claim
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
 from runs.transitions import finish, goto
@@ -180,6 +182,21 @@ def test_topology_mismatch_is_refused_and_the_run_stays_parked(in_acme, drift_ag
     assert RunEvent.objects.filter(run=run, kind="resume_refused").exists()
     assert Checkpoint.objects.filter(run=run).count() == 1  # not misrouted: nothing ran
     assert engine.advance(run_id=run.id) == engine.Outcome.NOT_CLAIMED  # parked, not retried
+
+
+def test_a_parked_runs_waiting_reason_is_redacted(in_acme, drift_agent):
+    # an engine error's message is the exception's, which may quote a DSN or a signed URL
+    drift_agent(1, ["a"])
+    run = start("drift")
+    epoch = run_claim(run_id=run.id, owner="test-worker")
+    reason = ("engine error: OperationalError: cannot reach postgresql://app:S3cretPW@db.internal/x"
+              "; fix and re-queue it from the console")
+    assert run_park_refused(run=run, epoch=epoch, reason=reason) == engine.Outcome.PARKED
+    run.refresh_from_db()
+    assert run.status == "waiting" and "db.internal/x" in run.waiting_reason
+    assert "S3cretPW" not in run.waiting_reason
+    [event] = RunEvent.objects.filter(run=run, kind="resume_refused")
+    assert "S3cretPW" not in str(event.data)
 
 
 def test_new_version_registers_while_old_runs_drain(in_acme, drift_agent):
