@@ -23,6 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.core.mail.backends.smtp import EmailBackend
+from django.core.mail.message import sanitize_address
 
 from .base import Call, Connector, ConnectorError, connector_register
 from .transport import Deadline, DeadlineReader, Destination, destination_resolve
@@ -66,6 +67,8 @@ class EmailConnector(Connector):
         for field in ("subject", "body"):
             if not isinstance(args.get(field), str):
                 raise ConnectorError(f"email: {field!r} must be a string", retryable=False)
+        if not isinstance(args.get("from") or "", str):
+            raise ConnectorError("email: 'from' must be an address", retryable=False)
         message_id = message_id_for(call.idempotency_key)
         if creds.get("host"):  # the tenant's own server: its values only, never ours
             problem = self.credential_problem(creds)
@@ -96,6 +99,13 @@ class EmailConnector(Connector):
             reply_to=reply_to, connection=backend,
             headers={"Message-ID": message_id, "X-Idempotency-Key": call.idempotency_key},
         )
+        try:  # what Django would refuse halfway through the conversation, refused before it
+            message.message()  # a line break in a header: BadHeaderError
+            for address in [sender, *recipients, *reply_to]:
+                sanitize_address(address, message.encoding or settings.DEFAULT_CHARSET)
+        except ValueError:
+            raise ConnectorError("email: the subject or an address holds a line break or is not "
+                                 "a valid address", retryable=False, sent=False) from None
         try:
             backend.open()  # a failure here means the server saw no message: safe to send again
         except smtplib.SMTPAuthenticationError as exc:

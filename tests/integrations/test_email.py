@@ -62,6 +62,21 @@ def test_smtp_errors_map_to_retryable_or_not(email, smtp_server, call):
     assert smtp_server.messages == []
 
 
+@pytest.mark.parametrize("args", [
+    {"subject": "Report\r\nBcc: everyone@globex.test"},
+    {"to": "ops@acme.test\r\nBcc: everyone@globex.test"},
+    {"from": "agents@acme.test\nBcc: everyone@globex.test"},
+    {"to": "not an address@@acme.test"},
+])
+def test_a_header_that_cannot_be_sent_is_refused_before_the_session(email, smtp_server, call,
+                                                                    args):
+    message = {"to": "ops@acme.test", "subject": "s", "body": "b", **args}
+    with pytest.raises(ConnectorError, match="line break or is not a valid address") as refused:
+        email.execute(call(message, creds(smtp_server)))
+    assert not refused.value.retryable and not refused.value.sent
+    assert smtp_server.messages == []
+
+
 # -- a tenant's server never gets the platform relay's login or client certificate -------------
 
 @pytest.fixture
