@@ -90,6 +90,16 @@ def test_a_read_only_key_reads_but_does_not_write(acme):
         assert error_of(response) == (403, "insufficient_scope"), (method, path)
 
 
+def test_head_is_get_and_options_needs_any_scope_of_the_endpoint(acme):
+    _, reader = api_key_create(tenant=acme, name="reader", scopes=["runs:read"])
+    _, operator = api_key_create(tenant=acme, name="operator", scopes=["admin"])
+    assert api_client(reader).head("/api/v1/runs").status_code == 200
+    assert api_client(reader).options("/api/v1/runs").status_code == 200
+    assert api_client(operator).head("/api/v1/runs").status_code == 403  # HEAD: no body
+    assert error_of(api_client(operator).options("/api/v1/runs")) == (403, "insufficient_scope")
+    assert api_client(operator).options("/api/v1/credentials").status_code == 200
+
+
 def test_a_write_only_key_does_not_read(acme):
     _, plaintext = api_key_create(tenant=acme, name="ci", scopes=["runs:write"])
     client = api_client(plaintext)
