@@ -80,3 +80,15 @@ def test_a_successful_admin_login_clears_the_failures():
     assert [admin_login(client, name, "wrong").status_code for _ in range(3)] == [200] * 3
     assert admin_login(client, name, password).status_code == 429
     cache.delete(admin_login_failures_key("203.0.113.8", name))
+
+
+UNREACHABLE_CACHE = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                 "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens there
+                                 "OPTIONS": {"socket_connect_timeout": 0.5}}}
+
+
+@override_settings(API_RATE_PER_KEY="1/minute", CACHES=UNREACHABLE_CACHE)
+def test_rates_let_requests_through_when_the_cache_is_unreachable(acme):
+    _, plaintext = api_key_create(tenant=acme, name="no-cache")
+    client = api_client(plaintext)
+    assert [client.get("/api/v1/agents").status_code for _ in range(2)] == [200, 200]
