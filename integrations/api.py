@@ -6,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agentplatform.api_errors import ApiError
+from tenants.models import Scope
 
 from . import services
 from .connectors import connector_get
@@ -26,12 +27,16 @@ class CredentialSetSerializer(serializers.Serializer):
 class CredentialList(APIView):
     """A tenant holds a handful of credentials: one page, ordered by connector and label."""
 
+    required_scopes = {"GET": Scope.ADMIN}
+
     @extend_schema(responses=CredentialSerializer(many=True))
     def get(self, request):
         return Response({"results": CredentialSerializer(credential_list(), many=True).data})
 
 
 class CredentialDetail(APIView):
+    required_scopes = {"GET": Scope.ADMIN, "PUT": Scope.ADMIN, "DELETE": Scope.ADMIN}
+
     @extend_schema(responses=CredentialSerializer)
     def get(self, request, connector, label):
         return Response(CredentialSerializer(credential_or_404(connector=connector, label=label)).data)

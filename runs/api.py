@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agentplatform.api_errors import ApiError
+from tenants.models import Scope
 
 from . import services
 from .agents import registry
@@ -57,6 +58,7 @@ class ByVisit(InOrder):
 
 
 class RunListCreate(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ, "POST": Scope.RUNS_WRITE}
     serializer_class = RunSerializer
     pagination_class = NewestFirst
 
@@ -85,12 +87,16 @@ class RunListCreate(generics.ListAPIView):
 
 
 class RunDetail(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     @extend_schema(responses=RunSerializer)
     def get(self, request, run_id):
         return Response(RunSerializer(run_or_404(run_id)).data)
 
 
 class RunCancel(APIView):
+    required_scopes = {"POST": Scope.RUNS_WRITE}
+
     @extend_schema(request=None, responses=RunSerializer)
     def post(self, request, run_id):
         run_or_404(run_id)
@@ -99,6 +105,9 @@ class RunCancel(APIView):
 
 
 class RunFork(APIView):
+    # A fork re-opens what its source waited for: the same right as deciding its approvals.
+    required_scopes = {"POST": (Scope.RUNS_WRITE, Scope.APPROVALS_DECIDE)}
+
     @extend_schema(request=ForkSerializer, responses={201: RunSerializer})
     def post(self, request, run_id):
         run_or_404(run_id)
@@ -109,6 +118,8 @@ class RunFork(APIView):
 
 
 class RunMigrate(APIView):
+    required_scopes = {"POST": Scope.RUNS_WRITE}
+
     @extend_schema(request=MigrateSerializer, responses=RunSerializer)
     def post(self, request, run_id):
         run_or_404(run_id)
@@ -120,6 +131,7 @@ class RunMigrate(APIView):
 
 
 class RunEvents(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = EventSerializer
     pagination_class = InOrder
 
@@ -128,6 +140,7 @@ class RunEvents(generics.ListAPIView):
 
 
 class RunCheckpoints(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = CheckpointSerializer
     pagination_class = ByVisit
 
@@ -136,12 +149,16 @@ class RunCheckpoints(generics.ListAPIView):
 
 
 class CheckpointState(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     def get(self, request, run_id, visit):
         run_or_404(run_id)
         return Response(services.checkpoint_state(run_id=run_id, visit=visit))
 
 
 class AgentList(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     def get(self, request):
         return Response({"results": [
             {"name": a.name, "version": a.version, "description": a.description,

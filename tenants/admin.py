@@ -10,7 +10,7 @@ from .models import ApiKey, ConsoleAccess, Tenant
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
-    fields = ("name", "prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

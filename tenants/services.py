@@ -7,6 +7,7 @@ import logging
 import re
 import secrets
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ from agentplatform.errors import ServiceError
 from agentplatform.s3 import s3_client
 
 from . import keys
-from .models import ApiKey, ConsoleAccess, Tenant, TenantKey
+from .models import ApiKey, ConsoleAccess, Scope, Tenant, TenantKey, scopes_all
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +160,28 @@ def console_access_record(*, user, tenant: Tenant, view: str, path: str,
     ])
 
 
-def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:
-    """Return the new key row and its plaintext, which is never stored and shown only once."""
+def api_key_create(*, tenant: Tenant, name: str = "default",
+                   scopes: Iterable[str] | None = None) -> tuple[ApiKey, str]:
+    """Return the new key row and its plaintext, which is never stored and shown only once.
+    `scopes`: what the key may do (docs/api.md); None: every scope, as keys had before scopes."""
+    granted = scopes_check(scopes) if scopes is not None else scopes_all()
     prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
     plaintext = f"ap_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=_digest(plaintext))
+    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=_digest(plaintext),
+                                scopes=granted)
     return key, plaintext
+
+
+def scopes_check(scopes: Iterable[str]) -> list[str]:
+    """The scopes asked for, each known and once, in the vocabulary's order; at least one."""
+    asked = {scope.strip() for scope in scopes if scope.strip()}
+    unknown = asked - set(Scope.values)
+    if unknown:
+        raise TenantError(f"unknown scope(s) {', '.join(sorted(unknown))}; known: "
+                          f"{', '.join(Scope.values)}", code="unknown_scope")
+    if not asked:
+        raise TenantError("a key needs at least one scope", code="unknown_scope")
+    return [scope for scope in Scope.values if scope in asked]
 
 
 def api_key_revoke(*, key: ApiKey) -> None:

@@ -31,6 +31,10 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "OUTBOX_CLAIM_SECONDS": "12",
                     "WEBHOOK_INBOX_SWEEP_SECONDS": "0.5",
                     "WEBHOOK_INBOX_SWEEP_AFTER_SECONDS": "1", "WEBHOOK_INBOX_BACKOFF_SECONDS": "0.2",
+                    # the test client and live servers speak plain http
+                    "DJANGO_SECURE_SSL_REDIRECT": "0",
+                    # tests poll the API every 50 ms; the rate tests set their own rates
+                    "API_RATE_PER_KEY": "", "API_RATE_PER_TENANT": "",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)

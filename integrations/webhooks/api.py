@@ -6,6 +6,8 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from tenants.models import Scope
+
 from . import services
 from .models import GmailConnection, SlackConnection
 from .selectors import gmail_connection_list, slack_connection_list
@@ -58,6 +60,8 @@ def _create(request, serializer_class, create):
 
 
 class SlackConnectionListCreate(APIView):
+    required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
+
     def get(self, request):
         rows = slack_connection_list(tenant=request.tenant)
         return Response(SlackConnectionSerializer(rows, many=True,
@@ -68,6 +72,8 @@ class SlackConnectionListCreate(APIView):
 
 
 class GmailConnectionListCreate(APIView):
+    required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
+
     def get(self, request):
         rows = gmail_connection_list(tenant=request.tenant)
         return Response(GmailConnectionSerializer(rows, many=True,
@@ -78,6 +84,7 @@ class GmailConnectionListCreate(APIView):
 
 
 class ConnectionDelete(APIView):
+    required_scopes = {"DELETE": Scope.ADMIN}
     model = None
 
     def delete(self, request, connection_id):

@@ -3,6 +3,7 @@ place that says which HTTP status a service error's code means (docs/decisions/0
 
 import uuid
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 
@@ -16,10 +17,14 @@ from agentplatform.errors import ServiceError
 # HTTP status for the codes that services raise (every ServiceError); anything else is 400.
 SERVICE_ERROR_STATUS = {
     "not_found": status.HTTP_404_NOT_FOUND,
+    # input limits (agentplatform/limits.py)
+    "request_too_large": status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    "json_too_deep": status.HTTP_400_BAD_REQUEST,
     # who is asking: API keys, webhook signatures and tokens
     "invalid_api_key": status.HTTP_401_UNAUTHORIZED,
     "api_key_revoked": status.HTTP_401_UNAUTHORIZED,
     "tenant_suspended": status.HTTP_403_FORBIDDEN,
+    "insufficient_scope": status.HTTP_403_FORBIDDEN,
     "missing_signature": status.HTTP_401_UNAUTHORIZED,
     "invalid_timestamp": status.HTTP_401_UNAUTHORIZED,
     "stale_timestamp": status.HTTP_401_UNAUTHORIZED,
@@ -43,6 +48,8 @@ SERVICE_ERROR_STATUS = {
     "tenant_storage_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
     # runs, approvals, the outbox
     "not_a_decider": status.HTTP_403_FORBIDDEN,
+    "reserved_event_kind": status.HTTP_403_FORBIDDEN,  # the platform's own events: not from the API
+    "reserved_event_id": status.HTTP_403_FORBIDDEN,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,
     "run_finished": status.HTTP_409_CONFLICT,
     "run_not_finished": status.HTTP_409_CONFLICT,
@@ -98,6 +105,8 @@ def _code_for(exc: Exception) -> str:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):  # a view lets its service's error through: this answers it
         exc = service_error(exc)
+    if isinstance(exc, RequestDataTooBig):  # a body without Content-Length, read past the limit
+        exc = ApiError("request_too_large", "The request body is too large.")
     response = drf_views.exception_handler(exc, context)
     if response is None:
         return None

@@ -14,13 +14,14 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# Required, DEBUG or not: a known fallback would sign sessions anyone can forge. deploy/dev
+# writes one into .env for local use.
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "DJANGO_SECRET_KEY is not set (deploy/dev writes one into .env for local use)"
-        )
-    SECRET_KEY = "insecure-debug-only"
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set: give it a long random value (deploy/dev writes one into "
+        ".env for local use)"
+    )
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 # -- tenancy: one PostgreSQL schema per tenant (django-tenants) ------------------------------
@@ -74,10 +75,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 MIDDLEWARE = [
     "tenants.middleware.PublicSchemaMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "agentplatform.limits.RequestSizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.throttling.AdminLoginThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -104,12 +107,58 @@ TIME_ZONE = "UTC"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest"],
+    # every view declares the scopes its methods need (`required_scopes`); none declared: refused
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest",
+                                   "tenants.authentication.HasRequiredScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.ApiKeyRateThrottle",
+                                 "tenants.throttling.TenantRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["agentplatform.parsers.JsonParser",
+                               "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
+
+# -- limits and rates (docs/api.md#limits) -----------------------------------------------------
+# Larger API and webhook bodies are refused unread: 413 request_too_large.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REQUEST_MAX_BYTES", default=1024 * 1024)
+API_JSON_MAX_DEPTH = env.int("API_JSON_MAX_DEPTH", default=32)  # deeper: 400 json_too_deep
+# DRF rates, "<n>/<second|minute|hour|day>"; empty: no limit. Over them: 429 with Retry-After.
+API_RATE_PER_KEY = env("API_RATE_PER_KEY", default="1200/minute")
+API_RATE_PER_TENANT = env("API_RATE_PER_TENANT", default="3000/minute")
+ADMIN_LOGIN_MAX_FAILURES = env.int("ADMIN_LOGIN_MAX_FAILURES", default=5)
+ADMIN_LOGIN_LOCKOUT_SECONDS = env.int("ADMIN_LOGIN_LOCKOUT_SECONDS", default=900)
+# Proxies in front of the web server that append to X-Forwarded-For (0: use REMOTE_ADDR).
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+# The rates' counters: Redis (the broker's server unless CACHE_URL says otherwise), own prefix.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env("CACHE_URL", default=env("CELERY_BROKER_URL",
+                                                 default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))),
+        "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="agentplatform-cache"),
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# -- HTTPS (docs/operators.md#production) ------------------------------------------------------
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto: requests it marks https are secure,
+# so redirects, cookies and the webhook URLs given to Slack and Gmail say https.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Secure unless DEBUG (the dev command serves plain http on loopback).
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load balancers probe over http
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=not DEBUG)
+SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 
 # -- secrets at rest -------------------------------------------------------------------------
 # 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
@@ -122,8 +171,9 @@ HEALTH_CHECK_TIMEOUT_SECONDS = env.float("HEALTH_CHECK_TIMEOUT_SECONDS", default
 S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", default="") or None  # None: AWS itself
 S3_BUCKET = env("S3_BUCKET", default="agentplatform")
 S3_REGION = env("S3_REGION", default="us-east-1")
-AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="agentplatform-dev")
-AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="agentplatform-dev-secret")
+# None: boto3's own chain (instance role, ~/.aws). deploy/dev exports its SeaweedFS's pair.
+AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="") or None
+AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="") or None
 
 # -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agentplatform.api_errors import uuid_filter
+from tenants.models import Scope
 
 from . import services
 from .models import Approval
@@ -53,6 +54,7 @@ class Newest(CursorPagination):
 
 
 class ApprovalList(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = ApprovalSerializer
     pagination_class = Newest
 
@@ -63,11 +65,15 @@ class ApprovalList(generics.ListAPIView):
 
 
 class ApprovalDetail(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     def get(self, request, approval_id):
         return Response(ApprovalSerializer(approval_or_404(approval_id)).data)
 
 
 class ApprovalDecide(APIView):
+    required_scopes = {"POST": Scope.APPROVALS_DECIDE}
+
     def post(self, request, approval_id):
         approval_or_404(approval_id)
         body = DecisionSerializer(data=request.data)
@@ -84,12 +90,14 @@ class EventCreate(APIView):
     """Deliver an event to whatever waits on (kind, key). Unmatched events are kept: a run
     that parks on them later is woken at once."""
 
+    required_scopes = {"POST": Scope.EVENTS_WRITE}
+
     def post(self, request):
         body = EventSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        delivery = services.event_deliver(kind=data["kind"], key=data["key"],
-                                          payload=data["payload"], source_id=data.get("id"))
+        delivery = services.event_submit(kind=data["kind"], key=data["key"],
+                                         payload=data["payload"], source_id=data.get("id"))
         return Response({"event": delivery.event.id, "duplicate": delivery.duplicate,
                          "resumed": [str(r) for r in delivery.resumed]},
                         status=status.HTTP_200_OK if delivery.duplicate else status.HTTP_202_ACCEPTED)

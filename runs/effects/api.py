@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from agentplatform.api_errors import uuid_filter
 from runs.selectors import run_or_404
+from tenants.models import Scope
 
 from . import services
 from .models import Effect, OutboxMessage
@@ -34,6 +35,8 @@ class SettleSerializer(serializers.Serializer):
 
 
 class RunEffects(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     def get(self, request, run_id):
         run = run_or_404(run_id)
         return Response({
@@ -53,6 +56,7 @@ class Oldest(CursorPagination):
 class OutboxList(generics.ListAPIView):
     """Outbox messages, e.g. `?status=unknown`: the ones waiting for a person to settle."""
 
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = OutboxSerializer
     pagination_class = Oldest
 
@@ -65,6 +69,8 @@ class OutboxList(generics.ListAPIView):
 class OutboxSettle(APIView):
     """A person says whether a message of unknown outcome arrived (`delivered`), or has it
     sent again (`delivered: false`)."""
+
+    required_scopes = {"POST": Scope.APPROVALS_DECIDE}  # as deciding an effect_outcome approval
 
     def post(self, request, message_id):
         body = SettleSerializer(data=request.data)

@@ -6,9 +6,13 @@ archive does not exist here either), the store out of reach 503, an archive that
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from tenants.models import Scope
+
 from . import services
 
 
 class RunArchive(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
     def get(self, request, run_id):
         return Response(services.archive_restore(tenant=request.tenant, run_id=run_id))
