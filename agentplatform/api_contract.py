@@ -141,6 +141,16 @@ class ValidatedCursorPagination(CursorPagination):
 
     page_size_query_param = "limit"
 
+    def paginate_queryset(self, queryset, request, view=None):
+        filters = getattr(view, "filter_serializer_class", None)
+        known = {self.cursor_query_param, self.page_size_query_param, *(filters().fields if filters else ())}
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:  # a misspelt filter must not answer the unfiltered list
+            raise ApiError("invalid_filter", f"unknown query parameter: {', '.join(unknown)}; "
+                           f"this list takes {', '.join(sorted(known))}",
+                           fields={name: ["not a parameter of this list"] for name in unknown})
+        return super().paginate_queryset(queryset, request, view)
+
     def get_page_size(self, request):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:

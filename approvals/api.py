@@ -71,12 +71,14 @@ class ApprovalList(generics.ListAPIView):
     serializer_class = ApprovalSerializer
     pagination_class = Newest
 
+    filter_serializer_class = ApprovalFilterSerializer
+
     @extend_schema(parameters=[ApprovalFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        filters = filters_valid(ApprovalFilterSerializer, self.request)
+        filters = filters_valid(self.filter_serializer_class, self.request)
         return approval_list(status=filters.get("status"), run_id=filters.get("run"))
 
 

@@ -68,12 +68,14 @@ class OutboxList(generics.ListAPIView):
     serializer_class = OutboxSerializer
     pagination_class = Oldest
 
+    filter_serializer_class = OutboxFilterSerializer
+
     @extend_schema(parameters=[OutboxFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        filters = filters_valid(OutboxFilterSerializer, self.request)
+        filters = filters_valid(self.filter_serializer_class, self.request)
         return outbox_list(status=filters.get("status"), run_id=filters.get("run"))
 
 

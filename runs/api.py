@@ -110,12 +110,14 @@ class RunListCreate(generics.ListAPIView):
     serializer_class = RunSerializer
     pagination_class = NewestFirst
 
+    filter_serializer_class = RunFilterSerializer
+
     @extend_schema(parameters=[RunFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        filters = filters_valid(RunFilterSerializer, self.request)
+        filters = filters_valid(self.filter_serializer_class, self.request)
         return run_list(statuses=filters.get("status"), agent=filters.get("agent"))
 
     @extend_schema(

@@ -100,7 +100,7 @@ def test_the_live_server_serves_the_fuzzed_schema(api_server):
 
 
 @schema.parametrize()
-@hypothesis_settings(max_examples=20, derandomize=True, deadline=None,
+@hypothesis_settings(max_examples=25, derandomize=True, deadline=None,
                      suppress_health_check=list(HealthCheck))
 def test_every_operation_keeps_its_contract(case, api_server, fuzzed_tenant_key):
     case.call_and_validate(base_url=api_server.url,
@@ -119,3 +119,21 @@ def test_docs_page_is_served_with_its_assets_from_the_platform(api_server):
         served = requests.get(f"{api_server.url}{asset}", timeout=10)
         assert served.status_code == 200, asset
         assert len(served.content) > 1000, asset
+
+
+def test_every_operation_documents_each_error_status_in_the_one_error_shape():
+    operations = [(f"{method.upper()} {path}", operation)
+                  for path, methods in schema.raw_schema["paths"].items()
+                  for method, operation in methods.items()]
+    assert len(operations) >= 25
+    for label, operation in operations:
+        assert operation["security"] == [{"apiKey": []}], label
+        responses = operation["responses"]
+        assert {"400", "401", "403", "404", "413", "429"} <= set(responses), label
+        assert "Retry-After" in responses["429"]["headers"], label
+        for status, response in responses.items():
+            if status.startswith(("4", "5")):
+                assert response["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/Error"}, (label, status)
+    error = schema.raw_schema["components"]["schemas"]["Error"]
+    assert error["required"] == ["error"]
