@@ -20,6 +20,7 @@ from django.test import Client
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
+from tenants.services import tenant_create, tenant_delete
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,13 +72,15 @@ def api_server(django_db_setup):
 
 @pytest.fixture(scope="module")
 def fuzzed_tenant_key(django_db_setup, django_db_blocker):
-    """A tenant of its own for the fuzzer, so its rows never meet acme's or globex's tests."""
-    from tenants.services import tenant_create
-
+    """A tenant of its own for the fuzzer, so its rows never meet acme's or globex's tests; dropped
+    afterwards with everything the fuzzer made."""
     with django_db_blocker.unblock():
-        key = tenant_create(schema_name="contract").api_key
+        provisioned = tenant_create(schema_name="contract")
         connection.set_schema_to_public()
-    return key
+    yield provisioned.api_key
+    with django_db_blocker.unblock():
+        tenant_delete(tenant=provisioned.tenant)
+        connection.set_schema_to_public()
 
 
 def _served_schema() -> dict:
