@@ -38,6 +38,7 @@ SHARED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # static files of the docs UI at /api/v1/docs
 ]
 TENANT_APPS = [
     "django.contrib.contenttypes",
@@ -112,14 +113,27 @@ REST_FRAMEWORK = {
                                    "tenants.authentication.HasRequiredScope"],
     "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.ApiKeyRateThrottle",
                                  "tenants.throttling.TenantRateThrottle"],
-    "DEFAULT_PARSER_CLASSES": ["agentplatform.parsers.JsonParser",
-                               "rest_framework.parsers.FormParser",
-                               "rest_framework.parsers.MultiPartParser"],
     "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
+    # JSON in: a form or multipart body is 415 (the schema documents application/json only)
+    "DEFAULT_PARSER_CLASSES": ["agentplatform.parsers.JsonParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
-SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent Platform API",
+    "VERSION": "1",
+    "DESCRIPTION": "Every error answers `{\"error\": {\"code\", \"message\"}}`; see docs/api.md.",
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema describes the tenant API, not itself
+    "COMPONENT_SPLIT_REQUEST": True,  # request bodies as components of their own: non-blank strings
+    # the docs UI's scripts and styles are served by the platform (drf-spectacular-sidecar)
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "agentplatform.api_contract.document_common_errors",
+    ],
+}
 
 # -- limits and rates (docs/api.md#limits) -----------------------------------------------------
 # Larger API and webhook bodies are refused unread: 413 request_too_large.
