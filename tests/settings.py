@@ -22,6 +22,9 @@ os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"
 SEAWEEDFS_PORT = 18300 + 20 * SLOT
+# The session's SeaweedFS (the s3 fixture starts it): without it a call fails on loopback, never
+# reaching for AWS itself (the default when no endpoint is set).
+os.environ.setdefault("S3_ENDPOINT_URL", f"http://127.0.0.1:{SEAWEEDFS_PORT}")
 # Short leases and a quick watchdog, so recovery tests finish in seconds (workers inherit these).
 for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",

@@ -71,7 +71,7 @@ def api_server(django_db_setup):
 
 
 @pytest.fixture(scope="module")
-def fuzzed_tenant_key(django_db_setup, django_db_blocker):
+def fuzzed_tenant_key(django_db_setup, django_db_blocker, s3):  # deleting a tenant empties its S3 prefix
     """A tenant of its own for the fuzzer, so its rows never meet acme's or globex's tests; dropped
     afterwards with everything the fuzzer made."""
     with django_db_blocker.unblock():

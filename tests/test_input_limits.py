@@ -45,7 +45,7 @@ def test_a_webhook_body_over_the_limit_is_413_in_the_api_shape():
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=4096)
 def test_the_limit_is_a_setting(acme_api):
     small = acme_api.post("/api/v1/runs", {"agent": "no-such-agent"}, format="json")
-    assert error_of(small) == (400, "unknown_agent")
+    assert error_of(small) == (404, "unknown_agent")
     big = acme_api.post("/api/v1/runs", {"agent": "no-such-agent", "input": {"x": "y" * 5000}},
                         format="json")
     assert error_of(big) == (413, "request_too_large")

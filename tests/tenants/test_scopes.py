@@ -106,7 +106,7 @@ def test_a_write_only_key_does_not_read(acme):
     assert error_of(client.get("/api/v1/runs")) == (403, "insufficient_scope")
     assert error_of(client.get(f"/api/v1/runs/{uuid.uuid4()}")) == (403, "insufficient_scope")
     created = client.post("/api/v1/runs", {"agent": "no-such-agent"}, format="json")
-    assert error_of(created) == (400, "unknown_agent")  # past the scope check
+    assert error_of(created) == (404, "unknown_agent")  # past the scope check
 
 
 def test_forking_needs_the_right_to_decide_approvals_too(acme):
