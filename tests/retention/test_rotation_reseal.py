@@ -140,6 +140,7 @@ def in_thread(target, *, tenant, name: str) -> tuple[threading.Thread, dict]:
 def waiting_on_data_key_lock() -> bool:
     """Whether some session waits for a lock on a data key row (a retirement behind a writer)."""
     with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # activity is cached per transaction
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND wait_event_type = 'Lock' AND query ILIKE '%%tenants_tenantkey%%'")
         return cursor.fetchone()[0] > 0
