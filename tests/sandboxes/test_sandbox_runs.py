@@ -16,13 +16,11 @@ from django.db import connection, connections
 from django_tenants.utils import tenant_context
 
 import sandboxes.services as sandbox_services
-
 from agentplatform.s3 import s3_client
 from runs import engine
 from runs.models import Run
 from runs.services import run_start
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
-from sandboxes.jail import SandboxError
 from sandboxes.services import (
     SandboxSession,
     run_dir,

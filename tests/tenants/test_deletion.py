@@ -14,13 +14,14 @@ from django.utils import timezone
 from django_tenants.utils import schema_exists, tenant_context
 
 from agentplatform.s3 import s3_client
+from runs.dispatch.models import Wakeup
 from runs.retention import services as retention
 from runs.retention import store
 from sandboxes.services import LocalWorkspace, workspace_snapshot
 from tenants.models import Tenant
 from tenants.services import TenantError, tenant_create, tenant_reactivate, tenant_suspend
-from runs.dispatch.models import Wakeup
 from tests.retention.conftest import run_finished
+from tests.tenants.test_admin_console import staff_client
 
 
 def put(key: str) -> str:
@@ -112,6 +113,15 @@ def test_a_tenant_whose_deletion_began_cannot_be_reactivated(s3, tmp_path):
     with pytest.raises(TenantError, match="being deleted"):
         tenant_reactivate(tenant=tenant)
     tenant_suspend(tenant=tenant)
+    console = staff_client()
+    response = console.post("/admin/tenants/tenant/", {"action": "reactivate",
+                                                       "_selected_action": [tenant.pk]},
+                            follow=True)
+    assert "being deleted" in response.content.decode()
+    edited = console.post(f"/admin/tenants/tenant/{tenant.pk}/change/", {
+        "name": tenant.name, "status": "active", "max_in_flight": "",
+        "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0"})
+    assert edited.status_code == 302  # saved, but the status of a tenant being deleted is fixed
     assert Tenant.objects.get(pk=tenant.pk).status == "deleting"
     call_command("delete_tenant", "umbrella", "--yes")
     assert not Tenant.objects.filter(pk=tenant.pk).exists()
