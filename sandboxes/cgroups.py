@@ -10,12 +10,15 @@ cgroup that holds the worker), and removed when the jail ends. Groups a killed w
 behind are swept at the next probe. See docs/decisions/0014-sandbox-limits.md.
 """
 
+import logging
 import os
 import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger("sandboxes.cgroups")
 
 CONTROLLERS = ("memory", "pids", "cpu")
 PREFIX = "ap-jail-"
@@ -240,9 +243,10 @@ class JailCgroup:
                     directory.rmdir()
                 except FileNotFoundError:
                     pass
-                except OSError:  # EBUSY: a task is still being reaped
+                except OSError as exc:  # EBUSY: a task is still being reaped
                     if time.monotonic() >= deadline:
-                        raise
+                        logger.error("jail cgroup %s not removed: %s", directory, exc)
+                        return
                     continue
                 remaining.remove(directory)
             if remaining:
@@ -250,7 +254,8 @@ class JailCgroup:
 
 
 def cgroups_sweep(host: CgroupHost) -> None:
-    """Remove the empty groups of jails whose worker died (kill -9) before it could."""
+    """Remove the groups of jails whose worker died (kill -9) before it could; its jails died
+    with it (bwrap --die-with-parent), so their groups are empty."""
     for base in dict.fromkeys(host.bases.values()):
         try:
             children = [p for p in base.iterdir() if p.name.startswith(PREFIX) and p.is_dir()]
@@ -260,12 +265,7 @@ def cgroups_sweep(host: CgroupHost) -> None:
             owner = child.name[len(PREFIX):].split("-", 1)[0]
             if not owner.isdigit() or _alive(int(owner)):
                 continue
-            for pid in _read(child / "cgroup.procs").split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            try:
+            try:  # only if empty: a worker in another PID namespace may share this base
                 child.rmdir()
             except OSError:
                 pass
