@@ -491,7 +491,10 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files)
     quota_bytes = max(limits.workspace_bytes, used_bytes)
     quota_files = max(limits.max_files, used_files)
-    cgroup = _jail_cgroup(cgroups, limits)
+    try:
+        cgroup = _jail_cgroup(cgroups, limits)
+    except CgroupUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
     try:
         return _run(workspace=workspace, argv=argv, limits=limits, cgroup=cgroup, before=before,
                     quota=(quota_bytes, quota_files), egress_socket=egress_socket)
