@@ -266,6 +266,20 @@ SANDBOX_FILE_SIZE_BYTES = env.int("SANDBOX_FILE_SIZE_BYTES", default=64 * 1024 *
 SANDBOX_WORKSPACE_MAX_BYTES = env.int("SANDBOX_WORKSPACE_MAX_BYTES", default=256 * 1024 * 1024)
 SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
 SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
+# Entries (files, directories, links) a workspace may hold; apparent bytes: WORKSPACE_MAX_BYTES.
+SANDBOX_WORKSPACE_MAX_FILES = env.int("SANDBOX_WORKSPACE_MAX_FILES", default=10_000)
+# CPUs a jail may use at once (its cgroup's CPU quota), beside RLIMIT_CPU's total seconds.
+SANDBOX_CPUS = env.float("SANDBOX_CPUS", default=1.0)
+# Jail cgroups go under this cgroup (a path in the hierarchy); "": v1 the worker's own, v2 its
+# parent. A host with no usable cgroups refuses jails unless SANDBOX_ALLOW_NO_CGROUPS.
+SANDBOX_CGROUP_PARENT = env("SANDBOX_CGROUP_PARENT", default="")
+SANDBOX_ALLOW_NO_CGROUPS = env.bool("SANDBOX_ALLOW_NO_CGROUPS", default=False)
+# The parts of /usr bound (read-only) into a jail; never /usr/local or /usr/src.
+SANDBOX_USR_DIRS = env.list("SANDBOX_USR_DIRS", default=[
+    "bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec",
+    "share/zoneinfo", "share/ca-certificates", "share/misc"])
+# Concurrent egress-proxy connections one sandbox call may hold open.
+SANDBOX_EGRESS_MAX_CONNECTIONS = env.int("SANDBOX_EGRESS_MAX_CONNECTIONS", default=16)
 
 # -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
 # Per-tenant credentials (integrations.Credential) override these; these suit one deployment.
