@@ -1,14 +1,19 @@
 """REST API for connector credentials (`/api/v1/credentials`). Secrets go in, never come out."""
 
-from drf_spectacular.utils import extend_schema
+from django.core.validators import MinLengthValidator
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agentplatform.api_contract import error
 from agentplatform.api_errors import ApiError
+from tenants.models import Scope
 
 from . import services
 from .connectors import connector_get
+from .connectors.base import BUILTIN
 from .models import Credential
 from .selectors import credential_find, credential_list, credential_or_404
 
@@ -20,24 +25,47 @@ class CredentialSerializer(serializers.ModelSerializer):
 
 
 class CredentialSetSerializer(serializers.Serializer):
-    secrets = serializers.DictField()
+    secrets = serializers.DictField(
+        validators=[MinLengthValidator(1)],
+        help_text=f"The connector's secrets (at most {services.SECRETS_MAX_BYTES} bytes of JSON); "
+                  "written, never read back.")
+
+
+class CredentialPageSerializer(serializers.Serializer):
+    results = CredentialSerializer(many=True)
+
+
+# The path names a connector the platform has and a label in the service's own format.
+CREDENTIAL_PATH = [
+    OpenApiParameter("connector", OpenApiTypes.STR, OpenApiParameter.PATH, enum=list(BUILTIN)),
+    OpenApiParameter("label", OpenApiTypes.STR, OpenApiParameter.PATH,
+                     pattern=services.LABEL.pattern),
+]
 
 
 class CredentialList(APIView):
     """A tenant holds a handful of credentials: one page, ordered by connector and label."""
 
-    @extend_schema(responses=CredentialSerializer(many=True))
+    required_scopes = {"GET": Scope.ADMIN}
+
+    @extend_schema(operation_id="credentials_list", responses={200: CredentialPageSerializer})
     def get(self, request):
         return Response({"results": CredentialSerializer(credential_list(), many=True).data})
 
 
+@extend_schema_view(get=extend_schema(parameters=CREDENTIAL_PATH),
+                    put=extend_schema(parameters=CREDENTIAL_PATH),
+                    delete=extend_schema(parameters=CREDENTIAL_PATH))
 class CredentialDetail(APIView):
-    @extend_schema(responses=CredentialSerializer)
+    required_scopes = {"GET": Scope.ADMIN, "PUT": Scope.ADMIN, "DELETE": Scope.ADMIN}
+
+    @extend_schema(responses={200: CredentialSerializer})
     def get(self, request, connector, label):
         return Response(CredentialSerializer(credential_or_404(connector=connector, label=label)).data)
 
     @extend_schema(request=CredentialSetSerializer,
-                   responses={200: CredentialSerializer, 201: CredentialSerializer})
+                   responses={200: CredentialSerializer, 201: CredentialSerializer,
+                              400: error("`invalid_request` (with `fields`), `invalid_secrets`.")})
     def put(self, request, connector, label):
         body = CredentialSetSerializer(data=request.data)
         body.is_valid(raise_exception=True)

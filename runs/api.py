@@ -2,13 +2,23 @@
 Reads come from runs.selectors, writes from runs.services; their ServiceErrors are answered by
 agentplatform.api_errors' handler."""
 
+from decimal import Decimal
+
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agentplatform.api_contract import (
+    CommaSeparatedChoices,
+    StrictStrings,
+    ValidatedCursorPagination,
+    error,
+    filters_valid,
+)
 from agentplatform.api_errors import ApiError
+from tenants.models import Scope
 
 from . import services
 from .agents import registry
@@ -17,38 +27,56 @@ from .selectors import checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
 
-class RunCreateSerializer(serializers.Serializer):
+class RunCreateSerializer(StrictStrings, serializers.Serializer):
     agent = serializers.CharField(max_length=100)
     version = serializers.IntegerField(required=False, min_value=1)
     input = serializers.DictField(required=False, default=dict)
-    durability = serializers.ChoiceField(Run.Durability.values, default=Run.Durability.SYNC)
+    durability = serializers.ChoiceField(Run.Durability.choices, default=Run.Durability.SYNC)
     max_steps = serializers.IntegerField(required=False, min_value=1, max_value=10_000_000)
     max_wall_seconds = serializers.FloatField(required=False, min_value=0.001)
     max_tokens = serializers.IntegerField(required=False, min_value=1)
-    max_cost_usd = serializers.DecimalField(required=False, max_digits=12, decimal_places=6,
-                                            min_value=0)
+    # a JSON number (a decimal string's schema would admit ""), kept to the column's 6 places
+    max_cost_usd = serializers.FloatField(required=False, min_value=0, max_value=999_999)
+
+    def validate_max_cost_usd(self, value: float) -> Decimal:
+        return Decimal(f"{value:.6f}")
 
 
 class ForkSerializer(serializers.Serializer):
     visit = serializers.IntegerField(min_value=0)
-    durability = serializers.ChoiceField(Run.Durability.values, required=False)
+    durability = serializers.ChoiceField(Run.Durability.choices, required=False)
 
 
 class MigrateSerializer(serializers.Serializer):
     version = serializers.IntegerField(min_value=1)
 
 
-class NewestFirst(CursorPagination):
+class RunFilterSerializer(serializers.Serializer):
+    status = CommaSeparatedChoices(Run.Status.values, required=False)
+    agent = serializers.CharField(required=False, max_length=100)
+
+
+class AgentSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.IntegerField()
+    description = serializers.CharField()
+    topology_hash = serializers.CharField()
+    steps = serializers.DictField(help_text="Each step and the steps it may go to.")
+
+
+class AgentListSerializer(serializers.Serializer):
+    results = AgentSerializer(many=True)
+
+
+class NewestFirst(ValidatedCursorPagination):
     ordering = "-created_at"
     page_size = 50
-    page_size_query_param = "limit"
     max_page_size = 500
 
 
-class InOrder(CursorPagination):
+class InOrder(ValidatedCursorPagination):
     ordering = "id"
     page_size = 100
-    page_size_query_param = "limit"
     max_page_size = 1000
 
 
@@ -57,22 +85,30 @@ class ByVisit(InOrder):
 
 
 class RunListCreate(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ, "POST": Scope.RUNS_WRITE}
     serializer_class = RunSerializer
     pagination_class = NewestFirst
 
-    @extend_schema(parameters=[
-        OpenApiParameter("status", str), OpenApiParameter("agent", str),
-    ])
+    filter_serializer_class = RunFilterSerializer
+
+    @extend_schema(parameters=[RunFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        statuses = self.request.query_params.get("status")
-        return run_list(statuses=statuses.split(",") if statuses else None,
-                        agent=self.request.query_params.get("agent"))
+        filters = filters_valid(self.filter_serializer_class, self.request)
+        return run_list(statuses=filters.get("status"), agent=filters.get("agent"))
 
-    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer, 200: RunSerializer},
-                   parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)])
+    @extend_schema(
+        request=RunCreateSerializer,
+        responses={201: RunSerializer, 200: RunSerializer,
+                   404: error("`unknown_agent`: no such agent (or version) is registered."),
+                   409: error("`idempotency_key_reused` with a different body.")},
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+            description="The same key returns the same run (200).",
+            # what a header can carry: printable ASCII, no surrounding blanks
+            pattern=r"^[!-~]([ -~]{0,253}[!-~])?$")])
     def post(self, request):
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -85,13 +121,18 @@ class RunListCreate(generics.ListAPIView):
 
 
 class RunDetail(APIView):
-    @extend_schema(responses=RunSerializer)
+    required_scopes = {"GET": Scope.RUNS_READ}
+
+    @extend_schema(responses={200: RunSerializer})
     def get(self, request, run_id):
         return Response(RunSerializer(run_or_404(run_id)).data)
 
 
 class RunCancel(APIView):
-    @extend_schema(request=None, responses=RunSerializer)
+    required_scopes = {"POST": Scope.RUNS_WRITE}
+
+    @extend_schema(request=None, responses={
+        202: RunSerializer, 409: error("`run_finished`: the run already ended.")})
     def post(self, request, run_id):
         run_or_404(run_id)
         run = services.run_cancel(run_id=run_id)
@@ -99,7 +140,12 @@ class RunCancel(APIView):
 
 
 class RunFork(APIView):
-    @extend_schema(request=ForkSerializer, responses={201: RunSerializer})
+    # A fork re-opens what its source waited for: the same right as deciding its approvals.
+    required_scopes = {"POST": (Scope.RUNS_WRITE, Scope.APPROVALS_DECIDE)}
+
+    @extend_schema(request=ForkSerializer, responses={
+        201: RunSerializer,
+        409: error("`run_not_finished`, `checkpoint_ended`, `checkpoint_compacted`.")})
     def post(self, request, run_id):
         run_or_404(run_id)
         body = ForkSerializer(data=request.data)
@@ -109,7 +155,12 @@ class RunFork(APIView):
 
 
 class RunMigrate(APIView):
-    @extend_schema(request=MigrateSerializer, responses=RunSerializer)
+    required_scopes = {"POST": Scope.RUNS_WRITE}
+
+    @extend_schema(request=MigrateSerializer, responses={
+        200: RunSerializer,
+        404: error("`not_found`; `unknown_agent`: the version is not registered."),
+        409: error("`run_not_migratable`, `checkpoint_ended`, `step_missing`.")})
     def post(self, request, run_id):
         run_or_404(run_id)
         body = MigrateSerializer(data=request.data)
@@ -120,6 +171,7 @@ class RunMigrate(APIView):
 
 
 class RunEvents(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = EventSerializer
     pagination_class = InOrder
 
@@ -128,6 +180,7 @@ class RunEvents(generics.ListAPIView):
 
 
 class RunCheckpoints(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = CheckpointSerializer
     pagination_class = ByVisit
 
@@ -135,13 +188,29 @@ class RunCheckpoints(generics.ListAPIView):
         return checkpoint_list(run_id=self.kwargs["run_id"])
 
 
+class CheckpointStateSerializer(serializers.Serializer):
+    visit = serializers.IntegerField()
+    step = serializers.CharField()
+    state = serializers.DictField(help_text="The small fields as of the checkpoint.")
+    logs = serializers.DictField(child=serializers.ListField(),
+                                 help_text="Each append-only log's prefix as of the checkpoint.")
+    agent_version = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
 class CheckpointState(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
+    @extend_schema(responses={200: CheckpointStateSerializer})
     def get(self, request, run_id, visit):
         run_or_404(run_id)
         return Response(services.checkpoint_state(run_id=run_id, visit=visit))
 
 
 class AgentList(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
+    @extend_schema(responses={200: AgentListSerializer})
     def get(self, request):
         return Response({"results": [
             {"name": a.name, "version": a.version, "description": a.description,

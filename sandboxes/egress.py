@@ -6,7 +6,8 @@ jail, where a small forwarder (`FORWARDER`, run inside the jail before the comma
 127.0.0.1:3128 to it. The proxy only tunnels `CONNECT host:port` to allow-listed hosts, resolves
 names itself, and refuses names that resolve to loopback, private, link-local or other
 non-public addresses (agentplatform.addresses, the connectors' check), so the jail cannot reach
-the database or the host through it.
+the database or the host through it. One call holds at most `max_connections` connections at
+once (each costs the worker two threads); the next gets `503` until one closes.
 """
 
 import ipaddress
@@ -30,6 +31,7 @@ DEFAULT_PORTS = frozenset({80, 443})
 HEAD_MAX_BYTES = 8192
 HEAD_TIMEOUT_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_CONNECTIONS = 16
 
 _LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
@@ -172,9 +174,13 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
 class EgressProxy:
     """The host-side proxy for one sandbox call; a context manager that yields its socket path."""
 
-    def __init__(self, policy: EgressPolicy, *, owner_uid: int | None = None):
+    def __init__(self, policy: EgressPolicy, *, owner_uid: int | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.policy = policy
         self.owner_uid = owner_uid
+        self.max_connections = max_connections
+        self._open = 0
+        self._open_lock = threading.Lock()
         self.dir: Path | None = None
         self.path: Path | None = None
         self._server: socket.socket | None = None
@@ -209,10 +215,36 @@ class EgressProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            with self._open_lock:
+                full = self._open >= self.max_connections
+                if not full:
+                    self._open += 1
+            if full:
+                self._refuse_over_cap(client)
+                continue
             threading.Thread(target=self._serve, args=(client,), name="egress-conn",
                              daemon=True).start()
 
+    def _refuse_over_cap(self, client: socket.socket) -> None:
+        self._log(None, None, False, f"over {self.max_connections} concurrent connections")
+        try:
+            client.settimeout(1.0)
+            _answer(client, "503 Service Unavailable",
+                    f"egress: at most {self.max_connections} concurrent connections per sandbox "
+                    "call")
+        except OSError:
+            pass
+        finally:
+            client.close()
+
     def _serve(self, client: socket.socket) -> None:
+        try:
+            self._tunnel(client)
+        finally:
+            with self._open_lock:
+                self._open -= 1
+
+    def _tunnel(self, client: socket.socket) -> None:
         upstream = None
         try:
             client.settimeout(HEAD_TIMEOUT_SECONDS)

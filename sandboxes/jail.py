@@ -3,16 +3,25 @@
 No Django models here: `sandbox_execute()` takes a workspace directory and returns a
 `SandboxResult`, so the engine, the tests and `python -m bench sandbox` all drive it alike.
 
-What a command sees: read-only /usr (and the /bin, /lib* links into it), a few files of /etc,
-a fresh /proc and /dev, a size-capped tmpfs /tmp, and its run's workspace at /workspace. It runs
-in new user, PID, IPC, UTS, cgroup and network namespaces (only a loopback of its own), as an
-unprivileged uid, with no capabilities, a cleared environment, and rlimits set by `prlimit`
-inside the jail (so RLIMIT_NPROC counts only the jail's own user namespace).
+What a command sees: the parts of /usr it needs (SANDBOX_USR_DIRS, read-only; and the /bin,
+/lib* links into it), a few files of /etc, a fresh /proc and /dev, a size-capped tmpfs /tmp, and
+its run's workspace at /workspace. It runs in new user, PID, IPC, UTS, cgroup and network
+namespaces (only a loopback of its own), as an unprivileged uid, with no capabilities, a cleared
+environment, in a cgroup of its own (memory, pids, CPU: sandboxes/cgroups.py), and with rlimits
+set by `prlimit` inside the jail. A host where the project or the workspace root would be
+visible inside a jail, or that gives the worker no cgroups (unless SANDBOX_ALLOW_NO_CGROUPS),
+refuses to run jails.
+
+Host-side, workspace files are opened without following links and without blocking, and only
+regular files are read or written: a FIFO, socket or device the jail leaves behind is refused.
 """
 
+import logging
 import os
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +31,10 @@ from typing import Any
 
 from django.conf import settings
 
+from .cgroups import CgroupHost, CgroupUnavailable, JailCgroup, cgroup_host, cgroups_sweep
 from .egress import FORWARDER, JAIL_SOCKET, PROXY_PORT, EgressPolicy, EgressProxy
+
+logger = logging.getLogger("sandboxes.jail")
 
 SANDBOX_UID = 1000  # the uid inside the jail; mapped to SANDBOX_HOST_UID (or the worker's uid)
 WORKSPACE = "/workspace"
@@ -45,6 +57,7 @@ class Limit(StrEnum):
     DISK = "disk"
     PROCESSES = "processes"
     OPEN_FILES = "open_files"
+    FILES = "files"
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,8 @@ class Limits:
     workspace_bytes: int
     tmp_bytes: int
     output_bytes: int
+    max_files: int
+    cpus: float
 
     @classmethod
     def from_settings(cls, **overrides) -> "Limits":
@@ -71,6 +86,8 @@ class Limits:
             "workspace_bytes": settings.SANDBOX_WORKSPACE_MAX_BYTES,
             "tmp_bytes": settings.SANDBOX_TMP_BYTES,
             "output_bytes": settings.SANDBOX_OUTPUT_MAX_BYTES,
+            "max_files": settings.SANDBOX_WORKSPACE_MAX_FILES,
+            "cpus": settings.SANDBOX_CPUS,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -101,7 +118,14 @@ class SandboxResult:
 
 # -- the host's ability to jail: probed once per process -------------------------------------
 
-_probe: tuple[str, str] | None = None  # (bwrap path it was probed with, "" or the reason)
+@dataclass(frozen=True)
+class _Probe:
+    key: tuple
+    reason: str  # "" when the host can jail
+    cgroups: CgroupHost | None  # None: rlimits only (SANDBOX_ALLOW_NO_CGROUPS)
+
+
+_probe: _Probe | None = None
 
 
 def host_uid() -> int | None:
@@ -113,30 +137,96 @@ def host_uid() -> int | None:
     return 65534 if os.geteuid() == 0 else None
 
 
-def sandbox_probe(*, refresh: bool = False) -> None:
-    """Raise SandboxUnavailable unless bwrap can create the jail's namespaces on this host."""
+def _probe_key() -> tuple:
+    return (settings.SANDBOX_BWRAP, str(settings.SANDBOX_WORKSPACE_ROOT), str(settings.BASE_DIR),
+            tuple(settings.SANDBOX_USR_DIRS), settings.SANDBOX_CGROUP_PARENT,
+            settings.SANDBOX_ALLOW_NO_CGROUPS)
+
+
+def sandbox_probe(*, refresh: bool = False) -> CgroupHost | None:
+    """Raise SandboxUnavailable unless this host can jail; return where jails' cgroups go
+    (None: none, which only SANDBOX_ALLOW_NO_CGROUPS allows)."""
     global _probe
-    bwrap = settings.SANDBOX_BWRAP
-    if refresh or _probe is None or _probe[0] != bwrap:
-        _probe = (bwrap, _probe_reason(bwrap))
-    if _probe[1]:
-        raise SandboxUnavailable(_probe[1])
+    key = _probe_key()
+    if refresh or _probe is None or _probe.key != key:
+        _probe = _Probe(key, *_probe_host())
+    if _probe.reason:
+        raise SandboxUnavailable(_probe.reason)
+    return _probe.cgroups
 
 
-def _probe_reason(bwrap: str) -> str:
+def _probe_host() -> tuple[str, CgroupHost | None]:
+    reason = _visibility_reason()
+    if reason:
+        return reason, None
     root = Path(settings.SANDBOX_WORKSPACE_ROOT)
     root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # the jail's host uid passes through; nobody lists the runs
     try:
-        done = subprocess.run(
-            _bwrap_argv(bwrap, workspace=None, limits=Limits.from_settings(), command=["true"]),
-            env=_BWRAP_ENV, stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-            **_user_kwargs(),
-        )
+        cgroups = cgroup_host(parent=settings.SANDBOX_CGROUP_PARENT)
+        cgroups_sweep(cgroups)
+    except CgroupUnavailable as exc:
+        if not settings.SANDBOX_ALLOW_NO_CGROUPS:
+            return (f"sandboxes are unavailable on this host: no cgroup to limit a jail's memory, "
+                    f"processes and CPU ({exc}). Jails without them are refused unless "
+                    "SANDBOX_ALLOW_NO_CGROUPS=1 (see deploy/sandbox-hosts.md)"), None
+        logger.warning("sandbox jails run without cgroup limits (SANDBOX_ALLOW_NO_CGROUPS): %s",
+                       exc)
+        cgroups = None
+    return _probe_reason(settings.SANDBOX_BWRAP, cgroups), cgroups
+
+
+def _bound_dirs() -> list[Path]:
+    """The host directories bound into every jail."""
+    dirs = [Path("/usr") / name for name in settings.SANDBOX_USR_DIRS]
+    dirs += [Path("/") / name for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+             if not (Path("/") / name).is_symlink()]
+    return [path for path in dirs if path.is_dir()]
+
+
+def _visibility_reason() -> str:
+    """Why a jail would see the project or other runs' workspaces, or "" if it would not."""
+    hidden = {"the project directory": Path(settings.BASE_DIR),
+              "SANDBOX_WORKSPACE_ROOT": Path(settings.SANDBOX_WORKSPACE_ROOT)}
+    for source in _bound_dirs():
+        real = source.resolve()
+        for what, path in hidden.items():
+            path = path.resolve()
+            if path.is_relative_to(real) or real.is_relative_to(path):
+                return (f"sandboxes are unavailable on this host: {what} ({path}) would be "
+                        f"visible inside every jail through its bind of {source}; move it out of "
+                        f"{real} or take {source} out of SANDBOX_USR_DIRS "
+                        "(see deploy/sandbox-hosts.md)")
+    return ""
+
+
+def _probe_reason(bwrap: str, cgroups: CgroupHost | None) -> str:
+    if shutil.which(bwrap, path=_BWRAP_ENV["PATH"]) is None:
+        return (f"bubblewrap is not installed: {bwrap!r} was not found (Debian: apt-get install "
+                "bubblewrap; see deploy/sandbox-hosts.md)")
+    limits = Limits.from_settings()
+    cgroup = None
+    try:
+        cgroup = _jail_cgroup(cgroups, limits)
+        process = _start(_bwrap_argv(bwrap, workspace=None, limits=limits, command=["true"],
+                                     cgroup=cgroup is not None),
+                         cgroup=cgroup, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+        done = subprocess.CompletedProcess(process.args, process.returncode, b"", stderr)
+    except CgroupUnavailable as exc:
+        return f"sandboxes are unavailable on this host: {exc} (see deploy/sandbox-hosts.md)"
     except FileNotFoundError:
         return (f"bubblewrap is not installed: {bwrap!r} was not found (Debian: apt-get install "
                 "bubblewrap; see deploy/sandbox-hosts.md)")
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap could not be started ({bwrap}): {exc}"
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
     if done.returncode == 0:
         return ""
     said = done.stderr.decode(errors="replace").strip()[-500:]
@@ -187,8 +277,47 @@ def _passwd_files() -> tuple[Path, Path]:
     return passwd, group
 
 
+def _jail_cgroup(cgroups: CgroupHost | None, limits: Limits) -> JailCgroup | None:
+    if cgroups is None:
+        return None
+    return JailCgroup(cgroups, memory_bytes=limits.memory_bytes, processes=limits.processes,
+                      cpus=limits.cpus).create()
+
+
+# Run by the jail's first process (the worker's child): wait on stdin until the worker has put
+# it in the jail's cgroup, then become bwrap; so nothing the jail forks is ever outside it.
+_JOIN_THEN_EXEC = 'read -r go || exit 125; exec "$@" </dev/null'
+
+
+def _start(argv: list[str], *, cgroup: JailCgroup | None, **popen) -> subprocess.Popen:
+    """Start bwrap (as the jail's host uid), inside `cgroup` from its first instruction."""
+    if cgroup is None:
+        return subprocess.Popen(argv, env=_BWRAP_ENV, stdin=subprocess.DEVNULL, **popen,
+                                **_user_kwargs())
+    go_read, go_write = os.pipe()
+    try:
+        process = subprocess.Popen(["/bin/sh", "-c", _JOIN_THEN_EXEC, "ap-jail", *argv],
+                                   env=_BWRAP_ENV, stdin=go_read, **popen, **_user_kwargs())
+    except BaseException:
+        os.close(go_write)
+        raise
+    finally:
+        os.close(go_read)
+    try:
+        cgroup.add(process.pid)
+        os.write(go_write, b"go\n")
+    except OSError as exc:
+        os.close(go_write)  # the shell reads EOF and exits without starting bwrap
+        process.kill()
+        process.communicate()
+        raise CgroupUnavailable(f"cannot put the jail in its cgroup {cgroup.name}: {exc}") from exc
+    os.close(go_write)
+    return process
+
+
 def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
-                command: list[str], egress_socket: Path | None = None) -> list[str]:
+                command: list[str], egress_socket: Path | None = None,
+                cgroup: bool = True) -> list[str]:
     passwd, group = _passwd_files()
     argv = [
         bwrap,
@@ -199,8 +328,9 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
         "--setenv", "HOME", WORKSPACE, "--setenv", "TMPDIR", "/tmp",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        "--ro-bind", "/usr", "/usr",
     ]
+    for name in settings.SANDBOX_USR_DIRS:  # not /usr/local, /usr/src, …: only what runs tools
+        argv += ["--ro-bind-try", f"/usr/{name}", f"/usr/{name}"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / name
         if path.is_symlink():
@@ -222,10 +352,12 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
         command = ["/usr/bin/python3", "-I", "-S", "-c", FORWARDER, JAIL_SOCKET, *command]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # bwrap's own tmpfs root and /dev
     cpu = max(1, int(limits.cpu_seconds))
+    # The cgroup's pids.max counts the whole jail; RLIMIT_NPROC (one uid's count) only without.
+    nproc = [] if cgroup else [f"--nproc={limits.processes}"]
     argv += [
         "--", "/usr/bin/prlimit",
         f"--cpu={cpu}:{cpu + 1}",  # SIGXCPU first, SIGKILL a second later
-        f"--as={limits.memory_bytes}", f"--nproc={limits.processes}",
+        f"--as={limits.memory_bytes}", *nproc,
         f"--nofile={limits.open_files}", f"--fsize={limits.file_size_bytes}", "--core=0",
         "--", *command,
     ]
@@ -257,8 +389,21 @@ def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
             for rel, info in _workspace_entries(workspace)}
 
 
+def workspace_usage(workspace: Path, *, max_files: int | None = None) -> tuple[int, int]:
+    """(apparent bytes, entries) below `workspace`. Apparent: a sparse file counts its whole
+    size, as a snapshot would have to hold it. Stops counting past `max_files` entries."""
+    size = count = 0
+    for _, info in _workspace_entries(workspace):
+        count += 1
+        if not stat.S_ISDIR(info.st_mode):
+            size += info.st_size
+        if max_files is not None and count > max_files:
+            break
+    return size, count
+
+
 def workspace_bytes(workspace: Path) -> int:
-    return sum(info.st_blocks * 512 for _, info in _workspace_entries(workspace))
+    return workspace_usage(workspace)[0]
 
 
 def _command_argv(command: str | list[str]) -> list[str]:
@@ -281,9 +426,17 @@ _MARKERS = (
 )
 
 
-def _limit_of(exit_code: int, stderr: str, *, timed_out: bool, disk_full: bool) -> str | None:
+def _limit_of(exit_code: int, stderr: str, *, timed_out: bool, disk_full: bool,
+              too_many_files: bool = False, oom_killed: bool = False,
+              pids_refused: bool = False) -> str | None:
     if disk_full:
         return Limit.DISK
+    if too_many_files:
+        return Limit.FILES
+    if oom_killed:  # the cgroup's memory limit: the kernel killed a process of the jail
+        return Limit.MEMORY
+    if pids_refused:  # the cgroup refused a fork at pids.max, whatever the command said
+        return Limit.PROCESSES
     if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
         return Limit.CPU
     if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ):
@@ -307,46 +460,91 @@ def sandbox_execute(*, workspace: Path, command: str | list[str], limits: Limits
     if egress is None or not egress.rules:
         return _execute(workspace=workspace, command=command, limits=limits, files=files)
     sandbox_probe()  # no proxy for a host that cannot jail
-    with EgressProxy(egress, owner_uid=host_uid()) as socket_path:
+    with EgressProxy(egress, owner_uid=host_uid(),
+                     max_connections=settings.SANDBOX_EGRESS_MAX_CONNECTIONS) as socket_path:
         return _execute(workspace=workspace, command=command, limits=limits, files=files,
                         egress_socket=socket_path)
+
+
+def _workspace_prepare(workspace: Path) -> None:
+    """The run's workspace: a directory only the jail's host uid can enter."""
+    workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(workspace)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SandboxError(f"workspace {workspace} is not a directory")
+    os.chmod(workspace, 0o700)
+    uid = host_uid()
+    if uid is not None and os.geteuid() == 0 and info.st_uid != uid:
+        os.lchown(workspace, uid, uid)
 
 
 def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
              files: dict[str, str | bytes] | None, egress_socket: Path | None = None,
              ) -> SandboxResult:
-    sandbox_probe()
+    cgroups = sandbox_probe()
     argv = _command_argv(command)
-    workspace.mkdir(parents=True, exist_ok=True)
+    _workspace_prepare(workspace)
     before = workspace_listing(workspace)
     if files:
         workspace_write(workspace, files, uid=host_uid())
     # Over quota means over the limit and grown by this command (a full workspace can still run).
-    quota = max(limits.workspace_bytes, workspace_bytes(workspace))
+    used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files)
+    quota_bytes = max(limits.workspace_bytes, used_bytes)
+    quota_files = max(limits.max_files, used_files)
+    try:
+        cgroup = _jail_cgroup(cgroups, limits)
+    except CgroupUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
+    try:
+        return _run(workspace=workspace, argv=argv, limits=limits, cgroup=cgroup, before=before,
+                    quota=(quota_bytes, quota_files), egress_socket=egress_socket)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup | None,
+         before: dict, quota: tuple[int, int], egress_socket: Path | None) -> SandboxResult:
     started = time.monotonic()
-    process = subprocess.Popen(
-        _bwrap_argv(settings.SANDBOX_BWRAP, workspace=workspace, limits=limits, command=argv,
-                    egress_socket=egress_socket),
-        env=_BWRAP_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, **_user_kwargs(),
-    )
+    try:
+        process = _start(
+            _bwrap_argv(settings.SANDBOX_BWRAP, workspace=workspace, limits=limits, command=argv,
+                        egress_socket=egress_socket, cgroup=cgroup is not None),
+            cgroup=cgroup, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except CgroupUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
     outputs = {process.stdout: bytearray(), process.stderr: bytearray()}
     truncated = {process.stdout: False, process.stderr: False}
-    timed_out = disk_full = False
+    hit = {"timed_out": False, "disk_full": False, "too_many_files": False,
+           "oom_killed": False, "pids_refused": False}
+
+    def check() -> bool:
+        """Mark the limits the jail has hit; True if it must be stopped."""
+        size, count = workspace_usage(workspace, max_files=quota[1])
+        hit["disk_full"] = hit["disk_full"] or size > quota[0]
+        hit["too_many_files"] = hit["too_many_files"] or count > quota[1]
+        if cgroup is not None:
+            hit["oom_killed"] = hit["oom_killed"] or cgroup.oom_kills() > 0
+            hit["pids_refused"] = hit["pids_refused"] or cgroup.pids_refused() > 0
+        return any(hit.values())
+
     deadline = started + limits.timeout
-    next_disk_check = started + DISK_CHECK_SECONDS
+    next_check = started + DISK_CHECK_SECONDS
+    stop = False
     with selectors.DefaultSelector() as selector:
         for stream in outputs:
             selector.register(stream, selectors.EVENT_READ)
         while selector.get_map():
             now = time.monotonic()
             if now >= deadline:
-                timed_out = True
+                hit["timed_out"] = stop = True
                 break
-            if now >= next_disk_check:
-                next_disk_check = now + DISK_CHECK_SECONDS
-                if workspace_bytes(workspace) > quota:
-                    disk_full = True
+            if now >= next_check:
+                next_check = now + DISK_CHECK_SECONDS
+                if check():
+                    stop = True
                     break
             for key, _ in selector.select(timeout=min(deadline - now, DISK_CHECK_SECONDS)):
                 chunk = os.read(key.fd, 65536)
@@ -359,25 +557,24 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
                     kept += chunk[:room]
                 if len(chunk) > room:
                     truncated[key.fileobj] = True  # keep draining, so the command never blocks
-    if timed_out or disk_full:
-        _kill_group(process)
+    if stop:
+        _kill_jail(process, cgroup)
     try:
         exit_code = process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process)
+        hit["timed_out"] = True
+        _kill_jail(process, cgroup)
         exit_code = process.wait()
     for stream in outputs:
         stream.close()
     duration_ms = (time.monotonic() - started) * 1000
-    if not disk_full and workspace_bytes(workspace) > quota:
-        disk_full = True
+    check()
     stdout = outputs[process.stdout].decode(errors="replace")
     stderr = outputs[process.stderr].decode(errors="replace")
     after = workspace_listing(workspace)
     return SandboxResult(
         exit_code=exit_code, stdout=stdout, stderr=stderr,
-        limit=_limit_of(exit_code, stderr, timed_out=timed_out, disk_full=disk_full),
+        limit=_limit_of(exit_code, stderr, **hit),
         stdout_truncated=truncated[process.stdout], stderr_truncated=truncated[process.stderr],
         changed_files=sorted(p for p, meta in after.items()
                              if before.get(p) != meta and not _is_dir(meta)),
@@ -390,12 +587,15 @@ def _is_dir(meta: tuple[int, int, int]) -> bool:
     return (meta[0] & 0o170000) == 0o040000
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """Kill bwrap's process group; the jail's PID namespace dies with its init (--die-with-parent)."""
+def _kill_jail(process: subprocess.Popen, cgroup: JailCgroup | None) -> None:
+    """Kill bwrap's process group and everything in the jail's cgroup; the jail's PID namespace
+    dies with its init (--die-with-parent)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if cgroup is not None:
+        cgroup.kill()
 
 
 def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int | None) -> None:
@@ -411,11 +611,38 @@ def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int 
                 raise SandboxError(f"file {name!r} goes through a symlink")
         target.parent.mkdir(parents=True, exist_ok=True)
         data = content.encode() if isinstance(content, str) else content
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = workspace_open(target, os.O_WRONLY | os.O_CREAT, name=name)
         with os.fdopen(fd, "wb") as out:
+            os.ftruncate(fd, 0)  # only now: O_TRUNC would act before the file type is known
             out.write(data)
     if uid is not None:
         workspace_chown(workspace, uid)
+
+
+def workspace_open(path: Path, flags: int, *, name: str) -> int:
+    """Open a workspace file host-side: never through a final symlink, never blocking (a FIFO
+    the jail made would hang the worker), and only if it is a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # ELOOP: a symlink; ENXIO: a FIFO without reader or a socket
+        raise SandboxError(f"{name!r} cannot be opened in the workspace: "
+                           f"{exc.strerror or exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SandboxError(f"{name!r} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def workspace_read(workspace: Path, path: str, *, max_bytes: int) -> bytes:
+    """A regular file of the workspace (at most `max_bytes` of it), refusing paths that leave it."""
+    root = workspace.resolve()
+    target = (root / path).resolve()
+    if not target.is_relative_to(root):
+        raise SandboxError(f"{path!r} is outside the workspace")
+    fd = workspace_open(target, os.O_RDONLY, name=path)
+    with os.fdopen(fd, "rb") as source:
+        return source.read(max_bytes)
 
 
 def workspace_chown(workspace: Path, uid: int) -> None:

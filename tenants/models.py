@@ -3,6 +3,7 @@ audit log of staff looking into a tenant's runs."""
 
 import uuid
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django_tenants.models import DomainMixin, TenantMixin
 
@@ -11,6 +12,7 @@ class Tenant(TenantMixin):
     class Status(models.TextChoices):
         ACTIVE = "active"
         SUSPENDED = "suspended"
+        DELETING = "deleting"  # tenant_delete began: never active again, only deleted
 
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
@@ -25,6 +27,12 @@ class Tenant(TenantMixin):
     auto_create_schema = False
     auto_drop_schema = True
 
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=["active", "suspended", "deleting"]),
+                                   name="tenant_status_known"),
+        ]
+
     def __str__(self) -> str:
         return self.schema_name
 
@@ -37,6 +45,20 @@ class Domain(DomainMixin):
     """Required by django-tenants; tenants are chosen by API key, so only public has one."""
 
 
+class Scope(models.TextChoices):
+    """What an API key may do; every API endpoint declares the scopes it needs (docs/api.md)."""
+
+    RUNS_READ = "runs:read"
+    RUNS_WRITE = "runs:write"
+    APPROVALS_DECIDE = "approvals:decide"
+    EVENTS_WRITE = "events:write"
+    ADMIN = "admin"  # credentials, connections and keys
+
+
+def scopes_all() -> list[str]:
+    return list(Scope.values)
+
+
 class ApiKey(models.Model):
     """An API key: `ap_<prefix>_<secret>`. Only the SHA-256 of the whole key is stored."""
 
@@ -47,6 +69,14 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # No default: a key is made with the scopes asked for (api_key_create), never more.
+    scopes = ArrayField(models.CharField(max_length=32, choices=Scope.choices))
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(scopes__contained_by=Scope.values),
+                                   name="api_key_scopes_known"),
+        ]
 
     def __str__(self) -> str:
         return f"ap_{self.prefix}_… ({self.name})"

@@ -22,6 +22,9 @@ os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"
 SEAWEEDFS_PORT = 18300 + 20 * SLOT
+# The session's SeaweedFS (the s3 fixture starts it): without it a call fails on loopback, never
+# reaching for AWS itself (the default when no endpoint is set).
+os.environ.setdefault("S3_ENDPOINT_URL", f"http://127.0.0.1:{SEAWEEDFS_PORT}")
 # Short leases and a quick watchdog, so recovery tests finish in seconds (workers inherit these).
 for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "DISPATCH_CHECK_AFTER_SECONDS": "0.5", "DISPATCH_REDELIVER_SECONDS": "3",
@@ -31,6 +34,10 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
                     "OUTBOX_CLAIM_SECONDS": "12",
                     "WEBHOOK_INBOX_SWEEP_SECONDS": "0.5",
                     "WEBHOOK_INBOX_SWEEP_AFTER_SECONDS": "1", "WEBHOOK_INBOX_BACKOFF_SECONDS": "0.2",
+                    # the test client and live servers speak plain http
+                    "DJANGO_SECURE_SSL_REDIRECT": "0",
+                    # tests poll the API every 50 ms; the rate tests set their own rates
+                    "API_RATE_PER_KEY": "", "API_RATE_PER_TENANT": "",
                     # the fakes of Slack, Stripe, OpenAI and SMTP listen on loopback
                     "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "1"}.items():
     os.environ.setdefault(name, value)

@@ -1,9 +1,10 @@
 """One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}, and the one
 place that says which HTTP status a service error's code means (docs/decisions/0010)."""
 
-import uuid
 
-from django.http import Http404
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, JsonResponse
+from django.views import defaults as django_defaults
 from rest_framework import exceptions, status
 
 # The module, not its names: rest_framework.views, while it loads, imports the API-key
@@ -16,10 +17,14 @@ from agentplatform.errors import ServiceError
 # HTTP status for the codes that services raise (every ServiceError); anything else is 400.
 SERVICE_ERROR_STATUS = {
     "not_found": status.HTTP_404_NOT_FOUND,
+    # input limits (agentplatform/limits.py)
+    "request_too_large": status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    "json_too_deep": status.HTTP_400_BAD_REQUEST,
     # who is asking: API keys, webhook signatures and tokens
     "invalid_api_key": status.HTTP_401_UNAUTHORIZED,
     "api_key_revoked": status.HTTP_401_UNAUTHORIZED,
     "tenant_suspended": status.HTTP_403_FORBIDDEN,
+    "insufficient_scope": status.HTTP_403_FORBIDDEN,
     "missing_signature": status.HTTP_401_UNAUTHORIZED,
     "invalid_timestamp": status.HTTP_401_UNAUTHORIZED,
     "stale_timestamp": status.HTTP_401_UNAUTHORIZED,
@@ -43,6 +48,11 @@ SERVICE_ERROR_STATUS = {
     "tenant_storage_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
     # runs, approvals, the outbox
     "not_a_decider": status.HTTP_403_FORBIDDEN,
+    "reserved_event_kind": status.HTTP_403_FORBIDDEN,  # the platform's own events: not from the API
+    "reserved_event_id": status.HTTP_403_FORBIDDEN,
+    # a body naming an agent (or version) this deployment does not have: no such thing, like a
+    # path's missing id (a schema-valid request, so not a 400: docs/decisions/0016)
+    "unknown_agent": status.HTTP_404_NOT_FOUND,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,
     "run_finished": status.HTTP_409_CONFLICT,
     "run_not_finished": status.HTTP_409_CONFLICT,
@@ -65,18 +75,11 @@ def status_for(code: str) -> int:
 class ApiError(exceptions.APIException):
     """An error with a stable machine-readable code, as the API answers it."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, fields: dict | None = None):
         super().__init__(detail=message, code=code)
         self.status_code = status_for(code)
         self.error_code = code
-
-
-def uuid_filter(value: str, name: str) -> uuid.UUID:
-    """A query parameter that must be an id: 400 invalid_filter, never a 500."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise ApiError("invalid_filter", f"{name} must be a UUID, not {value[:64]!r}") from None
+        self.fields = fields  # what is wrong, by field or query parameter
 
 
 def service_error(exc: ServiceError) -> ApiError:
@@ -98,6 +101,8 @@ def _code_for(exc: Exception) -> str:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):  # a view lets its service's error through: this answers it
         exc = service_error(exc)
+    if isinstance(exc, RequestDataTooBig):  # a body without Content-Length, read past the limit
+        exc = ApiError("request_too_large", "The request body is too large.")
     response = drf_views.exception_handler(exc, context)
     if response is None:
         return None
@@ -107,5 +112,26 @@ def exception_handler(exc, context):
     else:
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
         body = {"code": _code_for(exc), "message": str(detail) or str(exc)}
+        if getattr(exc, "fields", None):
+            body["fields"] = exc.fields
     headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After")}
     return Response({"error": body}, status=response.status_code, headers=headers)
+
+
+def _answered_by_django(request) -> bool:
+    return not request.path.startswith("/api/")
+
+
+def page_not_found(request, exception=None):
+    """handler404: a path under /api/ that matches no route answers in the API's shape too."""
+    if _answered_by_django(request):
+        return django_defaults.page_not_found(request, exception)
+    return JsonResponse({"error": {"code": "not_found", "message": "No such path."}}, status=404)
+
+
+def server_error(request):
+    """handler500: an unexpected failure under /api/ still answers in the API's shape."""
+    if _answered_by_django(request):
+        return django_defaults.server_error(request)
+    return JsonResponse({"error": {"code": "server_error", "message": "Internal server error."}},
+                        status=500)

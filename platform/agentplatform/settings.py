@@ -14,13 +14,14 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# Required, DEBUG or not: a known fallback would sign sessions anyone can forge. deploy/dev
+# writes one into .env for local use.
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "DJANGO_SECRET_KEY is not set (deploy/dev writes one into .env for local use)"
-        )
-    SECRET_KEY = "insecure-debug-only"
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set: give it a long random value (deploy/dev writes one into "
+        ".env for local use)"
+    )
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 # -- tenancy: one PostgreSQL schema per tenant (django-tenants) ------------------------------
@@ -37,6 +38,7 @@ SHARED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # static files of the docs UI at /api/v1/docs
 ]
 TENANT_APPS = [
     "django.contrib.contenttypes",
@@ -74,10 +76,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 MIDDLEWARE = [
     "tenants.middleware.PublicSchemaMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "agentplatform.limits.RequestSizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.throttling.AdminLoginThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -104,12 +108,71 @@ TIME_ZONE = "UTC"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest"],
+    # every view declares the scopes its methods need (`required_scopes`); none declared: refused
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest",
+                                   "tenants.authentication.HasRequiredScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.ApiKeyRateThrottle",
+                                 "tenants.throttling.TenantRateThrottle"],
     "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
+    # JSON in: a form or multipart body is 415 (the schema documents application/json only)
+    "DEFAULT_PARSER_CLASSES": ["agentplatform.parsers.JsonParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
-SPECTACULAR_SETTINGS = {"TITLE": "Agent Platform API", "VERSION": "1"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent Platform API",
+    "VERSION": "1",
+    "DESCRIPTION": "Every error answers `{\"error\": {\"code\", \"message\"}}`; see docs/api.md.",
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema describes the tenant API, not itself
+    "COMPONENT_SPLIT_REQUEST": True,  # request bodies as components of their own: non-blank strings
+    # the docs UI's scripts and styles are served by the platform (drf-spectacular-sidecar)
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "agentplatform.api_contract.document_common_errors",
+    ],
+}
+
+# -- limits and rates (docs/api.md#limits) -----------------------------------------------------
+# Larger API and webhook bodies are refused unread: 413 request_too_large.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REQUEST_MAX_BYTES", default=1024 * 1024)
+API_JSON_MAX_DEPTH = env.int("API_JSON_MAX_DEPTH", default=32)  # deeper: 400 json_too_deep
+# DRF rates, "<n>/<second|minute|hour|day>"; empty: no limit. Over them: 429 with Retry-After.
+API_RATE_PER_KEY = env("API_RATE_PER_KEY", default="1200/minute")
+API_RATE_PER_TENANT = env("API_RATE_PER_TENANT", default="3000/minute")
+ADMIN_LOGIN_MAX_FAILURES = env.int("ADMIN_LOGIN_MAX_FAILURES", default=5)
+ADMIN_LOGIN_LOCKOUT_SECONDS = env.int("ADMIN_LOGIN_LOCKOUT_SECONDS", default=900)
+# Proxies in front of the web server that append to X-Forwarded-For (0: use REMOTE_ADDR).
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+# The rates' counters: Redis (the broker's server unless CACHE_URL says otherwise), own prefix.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env("CACHE_URL", default=env("CELERY_BROKER_URL",
+                                                 default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))),
+        "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="agentplatform-cache"),
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# -- HTTPS (docs/operators.md#production) ------------------------------------------------------
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto: requests it marks https are secure,
+# so redirects, cookies and the webhook URLs given to Slack and Gmail say https.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Secure unless DEBUG (the dev command serves plain http on loopback).
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load balancers probe over http
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=not DEBUG)
+SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 
 # -- secrets at rest -------------------------------------------------------------------------
 # 32 bytes, base64: wraps every tenant's data-encryption key. Never stored in the database.
@@ -122,8 +185,9 @@ HEALTH_CHECK_TIMEOUT_SECONDS = env.float("HEALTH_CHECK_TIMEOUT_SECONDS", default
 S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", default="") or None  # None: AWS itself
 S3_BUCKET = env("S3_BUCKET", default="agentplatform")
 S3_REGION = env("S3_REGION", default="us-east-1")
-AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="agentplatform-dev")
-AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="agentplatform-dev-secret")
+# None: boto3's own chain (instance role, ~/.aws). deploy/dev exports its SeaweedFS's pair.
+AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default="") or None
+AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default="") or None
 
 # -- Celery: Redis is the doorbell, PostgreSQL the truth --------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))
@@ -202,6 +266,20 @@ SANDBOX_FILE_SIZE_BYTES = env.int("SANDBOX_FILE_SIZE_BYTES", default=64 * 1024 *
 SANDBOX_WORKSPACE_MAX_BYTES = env.int("SANDBOX_WORKSPACE_MAX_BYTES", default=256 * 1024 * 1024)
 SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
 SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
+# Entries (files, directories, links) a workspace may hold; apparent bytes: WORKSPACE_MAX_BYTES.
+SANDBOX_WORKSPACE_MAX_FILES = env.int("SANDBOX_WORKSPACE_MAX_FILES", default=10_000)
+# CPUs a jail may use at once (its cgroup's CPU quota), beside RLIMIT_CPU's total seconds.
+SANDBOX_CPUS = env.float("SANDBOX_CPUS", default=1.0)
+# Jail cgroups go under this cgroup (a path in the hierarchy); "": v1 the worker's own, v2 its
+# parent. A host with no usable cgroups refuses jails unless SANDBOX_ALLOW_NO_CGROUPS.
+SANDBOX_CGROUP_PARENT = env("SANDBOX_CGROUP_PARENT", default="")
+SANDBOX_ALLOW_NO_CGROUPS = env.bool("SANDBOX_ALLOW_NO_CGROUPS", default=False)
+# The parts of /usr bound (read-only) into a jail; never /usr/local or /usr/src.
+SANDBOX_USR_DIRS = env.list("SANDBOX_USR_DIRS", default=[
+    "bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec",
+    "share/zoneinfo", "share/ca-certificates", "share/misc"])
+# Concurrent egress-proxy connections one sandbox call may hold open.
+SANDBOX_EGRESS_MAX_CONNECTIONS = env.int("SANDBOX_EGRESS_MAX_CONNECTIONS", default=16)
 
 # -- connectors: how effects reach the world (docs/connectors.md) ----------------------------
 # Per-tenant credentials (integrations.Credential) override these; these suit one deployment.

@@ -1,8 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from agentplatform import health
+from agentplatform import (
+    api_contract,  # noqa: F401  registers the API key's security scheme
+    health,
+)
 from integrations import api as integrations_api
 from integrations.webhooks import api as webhooks_api
 from integrations.webhooks import views as webhooks_views
@@ -14,6 +17,8 @@ from runs.retention import api as retention_api
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="schema"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
+                                                permission_classes=[]), name="docs"),
     path("agents", runs_api.AgentList.as_view()),
     path("runs", runs_api.RunListCreate.as_view()),
     path("runs/<uuid:run_id>", runs_api.RunDetail.as_view()),
@@ -55,3 +60,6 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("webhooks/", include(webhooks)),
 ]
+
+handler404 = "agentplatform.api_errors.page_not_found"
+handler500 = "agentplatform.api_errors.server_error"

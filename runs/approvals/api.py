@@ -2,12 +2,18 @@
 
 import json
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers, status
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_errors import uuid_filter
+from agentplatform.api_contract import (
+    StrictStrings,
+    ValidatedCursorPagination,
+    error,
+    filters_valid,
+)
+from tenants.models import Scope
 
 from . import services
 from .models import Approval
@@ -25,7 +31,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
 RESULT_MAX_BYTES = 64 * 1024  # a connector's answer (ids, timestamps), not a document
 
 
-class DecisionSerializer(serializers.Serializer):
+class DecisionSerializer(StrictStrings, serializers.Serializer):
     decision = serializers.ChoiceField(["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
     artifact = serializers.JSONField(required=False)  # approve with an edited artifact
@@ -38,36 +44,62 @@ class DecisionSerializer(serializers.Serializer):
         return value
 
 
-class EventSerializer(serializers.Serializer):
+class InboundEventSerializer(StrictStrings, serializers.Serializer):
     kind = serializers.RegexField(r"^[a-z0-9_.:-]{1,64}$")
     key = serializers.CharField(max_length=255)
     payload = serializers.DictField(required=False, default=dict)
     id = serializers.CharField(required=False, max_length=255)  # dedupe: same id, same event
 
 
-class Newest(CursorPagination):
+class EventAcceptedSerializer(serializers.Serializer):
+    event = serializers.IntegerField()
+    duplicate = serializers.BooleanField(help_text="This `id` was delivered before: nothing new.")
+    resumed = serializers.ListField(child=serializers.UUIDField(), help_text="Runs it woke.")
+
+
+class ApprovalFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(Approval.Status.values, required=False)
+    run = serializers.UUIDField(required=False)
+
+
+class Newest(ValidatedCursorPagination):
     ordering = "-created_at"
     page_size = 50
-    page_size_query_param = "limit"
     max_page_size = 500
 
 
 class ApprovalList(generics.ListAPIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = ApprovalSerializer
     pagination_class = Newest
 
+    filter_serializer_class = ApprovalFilterSerializer
+
+    @extend_schema(parameters=[ApprovalFilterSerializer])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
     def get_queryset(self):
-        run = self.request.query_params.get("run")
-        return approval_list(status=self.request.query_params.get("status"),
-                             run_id=uuid_filter(run, "run") if run else None)
+        filters = filters_valid(self.filter_serializer_class, self.request)
+        return approval_list(status=filters.get("status"), run_id=filters.get("run"))
 
 
 class ApprovalDetail(APIView):
+    required_scopes = {"GET": Scope.RUNS_READ}
+
+    @extend_schema(responses={200: ApprovalSerializer})
     def get(self, request, approval_id):
         return Response(ApprovalSerializer(approval_or_404(approval_id)).data)
 
 
 class ApprovalDecide(APIView):
+    required_scopes = {"POST": Scope.APPROVALS_DECIDE}
+
+    @extend_schema(request=DecisionSerializer, responses={
+        200: ApprovalSerializer,
+        403: error("`not_a_decider`: the caller is not among the approval's deciders; "
+                   "`insufficient_scope`; `tenant_suspended`."),
+        409: error("`approval_closed`, `approval_expired`, `run_not_waiting`.")})
     def post(self, request, approval_id):
         approval_or_404(approval_id)
         body = DecisionSerializer(data=request.data)
@@ -84,12 +116,16 @@ class EventCreate(APIView):
     """Deliver an event to whatever waits on (kind, key). Unmatched events are kept: a run
     that parks on them later is woken at once."""
 
+    required_scopes = {"POST": Scope.EVENTS_WRITE}
+
+    @extend_schema(request=InboundEventSerializer,
+                   responses={202: EventAcceptedSerializer, 200: EventAcceptedSerializer})
     def post(self, request):
-        body = EventSerializer(data=request.data)
+        body = InboundEventSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        delivery = services.event_deliver(kind=data["kind"], key=data["key"],
-                                          payload=data["payload"], source_id=data.get("id"))
+        delivery = services.event_submit(kind=data["kind"], key=data["key"],
+                                         payload=data["payload"], source_id=data.get("id"))
         return Response({"event": delivery.event.id, "duplicate": delivery.duplicate,
                          "resumed": [str(r) for r in delivery.resumed]},
                         status=status.HTTP_200_OK if delivery.duplicate else status.HTTP_202_ACCEPTED)

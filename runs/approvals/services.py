@@ -200,6 +200,25 @@ def event_deliver(*, kind: str, key: str, payload: dict, source_id: str | None =
     return Delivery(event, resumed=resumed)
 
 
+# Events the platform delivers itself (a child run's end, Slack, Gmail) and the dedupe ids it
+# gives them: from a tenant's program, one would forge a child's result or pre-empt a webhook.
+PLATFORM_EVENT_KINDS = ("child_run", "slack", "gmail")  # and "<kind>.<anything>"
+PLATFORM_EVENT_ID_PREFIXES = ("child:", "slack:", "slack-decision:", "gmail:")
+
+
+def event_submit(*, kind: str, key: str, payload: dict, source_id: str | None = None) -> Delivery:
+    """An event from a tenant's program (`POST /events`): delivered like any other, except that
+    the platform's own kinds and dedupe ids are refused (403)."""
+    if any(kind == own or kind.startswith(f"{own}.") for own in PLATFORM_EVENT_KINDS):
+        raise ApprovalError("reserved_event_kind",
+                            f"Events of kind {kind!r} are delivered by the platform itself.")
+    if source_id and source_id.startswith(PLATFORM_EVENT_ID_PREFIXES):
+        raise ApprovalError("reserved_event_id",
+                            f"Event ids starting with {source_id.split(':')[0]}: are the "
+                            "platform's own.")
+    return event_deliver(kind=kind, key=key, payload=payload, source_id=source_id)
+
+
 def inbound_events_prune(*, now: datetime | None = None) -> int:
     """Delete this tenant's inbound events older than EVENT_DEDUPE_RETENTION_SECONDS (and the
     buffer): past every sender's retry window, their source_id no longer needs deduplicating,

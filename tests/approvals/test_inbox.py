@@ -103,8 +103,8 @@ def test_expiry_takes_the_timeout_path_and_a_late_decision_is_refused(acme_api, 
 
 def test_event_arriving_while_the_run_reaches_its_wait_is_not_lost(acme, acme_api, worker):
     key = f"mailbox-{uuid.uuid4()}@acme.test"
-    run_id = start(acme_api, how="event", kind="gmail", key=key)
-    early = acme_api.post("/api/v1/events", {"kind": "gmail", "key": key,  # before or after
+    run_id = start(acme_api, how="event", kind="mail.received", key=key)
+    early = acme_api.post("/api/v1/events", {"kind": "mail.received", "key": key,  # or after
                                              "payload": {"historyId": 7}}, format="json")
     assert early.status_code == 202  # the run may not have parked yet: kept, then matched
     assert status_of(acme_api, run_id, "succeeded")["result"] == {"historyId": 7}

@@ -20,7 +20,7 @@ def test_create_with_idempotency_key_returns_the_same_run(acme_api):
 
 def test_bad_requests_get_json_errors_with_a_code(acme_api):
     cases = [
-        ({"agent": "no-such-agent"}, 400, "unknown_agent"),
+        ({"agent": "no-such-agent"}, 404, "unknown_agent"),  # no such agent: 0016
         ({"input": {}}, 400, "invalid_request"),
         ({"agent": "research", "durability": "sometimes"}, 400, "invalid_request"),
         ({"agent": "research", "max_steps": 0}, 400, "invalid_request"),

@@ -218,3 +218,42 @@ def test_tenant_allow_list_applies_to_its_own_sandbox_calls_only(globex_run, in_
     result = SandboxSession(run_id=acme_run.id, visit=1).run(["python3", "-c", TUNNEL_GET, target])
     assert result.exit_code == 3
     assert server.seen == ["/hello"]
+
+
+HOLD_TUNNELS = r"""
+import os, socket, sys
+target, count = sys.argv[1], int(sys.argv[2])
+host, port = os.environ["HTTPS_PROXY"].rsplit("/", 1)[-1].split(":")
+
+def tunnel():
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    f = s.makefile("rb")
+    status = f.readline().decode().split(" ", 2)[1]
+    while f.readline() not in (b"\r\n", b""):
+        pass
+    return s, status
+
+held = [tunnel() for _ in range(count)]  # all kept open at once
+print("held", *[status for _, status in held])
+for s, status in held:
+    if status == "200":
+        s.close()
+        break
+import time
+time.sleep(0.5)  # the proxy notices the closed tunnel
+print("after", tunnel()[1])
+"""
+
+
+def test_a_jail_holds_at_most_the_configured_number_of_egress_connections(server, settings,
+                                                                          caplog):
+    caplog.set_level(logging.INFO, logger="sandboxes.egress")
+    settings.SANDBOX_EGRESS_MAX_CONNECTIONS = 3
+    egress = policy(f"127.0.0.1:{server.port}")
+    result = jailed(["python3", "-c", HOLD_TUNNELS, f"127.0.0.1:{server.port}", "5"],
+                    egress=egress)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:2] == ["held 200 200 200 503 503", "after 200"]
+    refused = [r for r in caplog.records if "concurrent" in r.getMessage()]
+    assert len(refused) == 2 and not refused[0].egress_allowed
