@@ -17,7 +17,7 @@ from django_tenants.utils import get_public_schema_name
 
 from agentplatform.errors import ServiceError
 from tenants.models import Tenant
-from tenants.services import data_key_get
+from tenants.services import data_key_for_write, data_key_get
 
 from .models import Credential
 
@@ -49,11 +49,12 @@ def credential_set(*, connector: str, secrets: dict[str, Any], label: str = "def
     if len(plaintext) > SECRETS_MAX_BYTES:
         raise CredentialError(f"secrets are larger than {SECRETS_MAX_BYTES} bytes", code="invalid_secrets")
     tenant = _current_tenant()
-    version, key = data_key_get(tenant=tenant)
-    nonce = os.urandom(NONCE_BYTES)
-    sealed = nonce + AESGCM(key).encrypt(
-        nonce, plaintext, _associated_data(tenant.schema_name, connector, label, version))
     with transaction.atomic():
+        # Held FOR SHARE until the row commits: a retirement of the version waits and sees it.
+        version, key = data_key_for_write(tenant=tenant)
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = nonce + AESGCM(key).encrypt(
+            nonce, plaintext, _associated_data(tenant.schema_name, connector, label, version))
         credential, _ = Credential.objects.update_or_create(
             connector=connector, label=label, defaults={"ciphertext": sealed, "key_version": version})
     return credential

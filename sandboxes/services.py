@@ -36,7 +36,7 @@ from django.db import connection, transaction
 
 from agentplatform.s3 import s3_client
 from tenants.models import Tenant
-from tenants.services import data_key_get
+from tenants.services import TenantError, data_key_for_write, data_key_get
 
 from .egress import EgressPolicy, EgressRule, egress_rule_parse
 from .jail import (
@@ -71,9 +71,12 @@ def run_dir(*, schema: str, run_id: UUID, scope: str = "") -> Path:
     return Path(settings.SANDBOX_WORKSPACE_ROOT) / schema / name
 
 
-def snapshot_object_key(*, schema: str, run_id: UUID, visit: int, scope: str = "") -> str:
+def snapshot_object_key(*, schema: str, run_id: UUID, visit: int, scope: str = "",
+                        unique: bool = False) -> str:
+    """Where a snapshot is stored; `unique`: a key never written before, as every write uses."""
     name = scope.replace("/", "-") if scope else str(visit)
-    return f"tenants/{schema}/workspaces/{run_id}/{name}.tar.gz.enc"
+    suffix = f".{uuid.uuid4().hex[:12]}" if unique else ""
+    return f"tenants/{schema}/workspaces/{run_id}/{name}{suffix}.tar.gz.enc"
 
 
 def _associated_data(schema: str, run_id: UUID, visit: int, scope: str) -> bytes:
@@ -168,51 +171,88 @@ def workspace_snapshot(*, schema: str, run_id: UUID, visit: int, path: Path,
                        scope: str = "") -> WorkspaceSnapshot:
     """Compress, encrypt (tenant data key; tenant, run, visit and a branch's scope as associated
     data) and upload the workspace; record it. Re-taking the snapshot of a visit (of the run, or
-    of one branch: `scope`) replaces it."""
+    of one branch: `scope`) replaces it.
+
+    Every write goes to an object key of its own, the row moves to it in one transaction, and the
+    superseded object is deleted after the commit: a crash in between leaves an extra object,
+    never a row whose object was overwritten."""
 
     data, count = workspace_pack(path)
-    version, key = data_key_get(tenant=_tenant(schema))
-    blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit, scope=scope)
-    object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit, scope=scope)
+    tenant = _tenant(schema)
+    object_key = snapshot_object_key(schema=schema, run_id=run_id, visit=visit, scope=scope,
+                                     unique=True)
     with transaction.atomic():
-        # Under the row lock, as a key rotation re-sealing this snapshot is (workspace_snapshots_reseal).
-        previous = (WorkspaceSnapshot.objects.select_for_update()
-                    .filter(run_id=run_id, visit=visit, scope=scope)
-                    .values_list("object_key", flat=True).first())
+        # The key is held FOR SHARE until the row commits: a retirement of it waits and sees it.
+        version, key = data_key_for_write(tenant=tenant)
+        blob = snapshot_seal(data, key=key, schema=schema, run_id=run_id, visit=visit, scope=scope)
         try:
             s3_client().put_object(Bucket=settings.S3_BUCKET, Key=object_key, Body=blob,
                                    Metadata={"key-version": str(version)})
         except (BotoCoreError, ClientError) as exc:
             raise _store_unavailable("store", object_key, exc) from None
+        # Under the row lock, as a key rotation re-sealing this snapshot is.
+        previous = (WorkspaceSnapshot.objects.select_for_update()
+                    .filter(run_id=run_id, visit=visit, scope=scope)
+                    .values_list("object_key", flat=True).first())
         snapshot, _ = WorkspaceSnapshot.objects.update_or_create(
             run_id=run_id, visit=visit, scope=scope,
             defaults={"object_key": object_key, "key_version": version, "size_bytes": len(blob),
                       "file_count": count, "sha256": hashlib.sha256(blob).hexdigest()},
         )
-    if previous and previous != object_key:  # a re-sealed copy: its key is never written again
-        s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=previous)
+    if previous and previous != object_key:
+        _superseded_delete(previous)
     return snapshot
 
 
 def workspace_restore(*, schema: str, snapshot: WorkspaceSnapshot, path: Path) -> None:
-    """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`."""
-    with transaction.atomic():
-        # Read row and object together: a key rotation re-seals both under this lock.
-        snapshot = WorkspaceSnapshot.objects.select_for_update().get(pk=snapshot.pk)
+    """Fetch, verify, decrypt and unpack `snapshot` into the (empty) workspace `path`.
+
+    No lock is held across S3 (parallel fan-out branches restore the same snapshot at once): the
+    row is read, its object fetched and checked against it; if a re-seal or a re-take moved the
+    row meanwhile (the object is gone or no longer matches), it is read and fetched once more."""
+    tenant = _tenant(schema)
+    for attempt in range(2):
+        row = WorkspaceSnapshot.objects.get(pk=snapshot.pk)
         try:
             blob = s3_client().get_object(Bucket=settings.S3_BUCKET,
-                                          Key=snapshot.object_key)["Body"].read()
-        except (BotoCoreError, ClientError) as exc:
-            raise _store_unavailable("read", snapshot.object_key, exc) from None
-    if hashlib.sha256(blob).hexdigest() != snapshot.sha256:
-        raise SandboxError(f"workspace snapshot {snapshot.object_key} does not match its record")
-    _, key = data_key_get(tenant=_tenant(schema), version=snapshot.key_version)
-    data = snapshot_open(blob, key=key, schema=schema, run_id=snapshot.run_id, visit=snapshot.visit,
-                         scope=snapshot.scope)
+                                          Key=row.object_key)["Body"].read()
+        except ClientError as exc:
+            if attempt == 0 and _moved(row):
+                continue
+            raise _store_unavailable("read", row.object_key, exc) from None
+        except BotoCoreError as exc:
+            raise _store_unavailable("read", row.object_key, exc) from None
+        if hashlib.sha256(blob).hexdigest() != row.sha256:
+            if attempt == 0 and _moved(row):
+                continue
+            raise SandboxError(f"workspace snapshot {row.object_key} does not match its record")
+        try:
+            _, key = data_key_get(tenant=tenant, version=row.key_version)
+        except TenantError as exc:  # re-sealed and its old version retired since the read
+            if attempt == 0 and exc.code == "data_key_retired" and _moved(row):
+                continue
+            raise
+        break
+    data = snapshot_open(blob, key=key, schema=schema, run_id=row.run_id, visit=row.visit,
+                         scope=row.scope)
     workspace_unpack(data, path)
     uid = host_uid()
     if uid is not None:
         workspace_chown(path, uid)
+
+
+def _moved(row: WorkspaceSnapshot) -> bool:
+    """Whether the snapshot's row now names another object than `row` did."""
+    return not WorkspaceSnapshot.objects.filter(pk=row.pk, object_key=row.object_key,
+                                                sha256=row.sha256).exists()
+
+
+def _superseded_delete(object_key: str) -> None:
+    """Delete an object no row names any more; a failure leaves an extra object, logged."""
+    try:
+        s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=object_key)
+    except (BotoCoreError, ClientError) as exc:
+        log.warning("superseded workspace snapshot %s was not deleted: %s", object_key, exc)
 
 
 def _store_unavailable(verb: str, object_key: str, exc: Exception) -> SandboxError:
@@ -226,10 +266,10 @@ def workspace_snapshots_reseal(*, tenant, to_version: int) -> int:
     """Re-seal every workspace snapshot of the current tenant's schema under data key
     `to_version` (a key rotation). Idempotent; returns the snapshots changed.
 
-    The re-sealed object gets a key of its own and the row moves to it in one transaction; the
-    superseded object is deleted afterwards, under the row lock, only if the row still points at
-    the re-sealed one (a worker writes a snapshot under that lock too). A crash in between leaves
-    an extra object, never a row without its object."""
+    The re-sealed object gets a key of its own and the row moves to it in one transaction under
+    the row lock; the superseded object is deleted after the commit (no object key is ever
+    written twice, so it is nobody's). A crash in between leaves an extra object, never a row
+    without its object."""
     version, new_key = data_key_get(tenant=tenant, version=to_version)
     old_keys: dict[int, bytes] = {}
     changed = 0
@@ -251,17 +291,13 @@ def workspace_snapshots_reseal(*, tenant, to_version: int) -> int:
                      "visit": snapshot.visit, "scope": snapshot.scope}
             resealed = snapshot_seal(snapshot_open(blob, key=old_keys[snapshot.key_version], **where),
                                      key=new_key, **where)
-            resealed_key = (snapshot_object_key(**where).removesuffix(".tar.gz.enc")
-                            + f".{uuid.uuid4().hex[:12]}.tar.gz.enc")
+            resealed_key = snapshot_object_key(**where, unique=True)
             s3_client().put_object(Bucket=settings.S3_BUCKET, Key=resealed_key, Body=resealed,
                                    Metadata={"key-version": str(version)})
             WorkspaceSnapshot.objects.filter(pk=pk).update(
                 object_key=resealed_key, key_version=version, size_bytes=len(resealed),
                 sha256=hashlib.sha256(resealed).hexdigest())
-        with transaction.atomic():
-            if WorkspaceSnapshot.objects.select_for_update().filter(
-                    pk=pk, object_key=resealed_key).exists():
-                s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=superseded)
+        _superseded_delete(superseded)
         changed += 1
     return changed
 

@@ -40,9 +40,12 @@ class TenantAdmin(admin.ModelAdmin):
         return obj.key_count
 
     def get_readonly_fields(self, request, obj=None):
+        fields = self.readonly_fields
+        if obj is not None and obj.status == Tenant.Status.DELETING:
+            fields = (*fields, "status")  # half deleted: only `delete_tenant` moves it on
         if request.user.is_superuser:
-            return self.readonly_fields
-        return (*self.readonly_fields, "superusers_only")  # staff cannot let themselves in
+            return fields
+        return (*fields, "superusers_only")  # staff cannot let themselves in
 
     def has_add_permission(self, request):
         return False  # provisioning migrates a schema: `manage.py create_tenant`
@@ -58,9 +61,15 @@ class TenantAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def reactivate(self, request, queryset):
+        reactivated = 0
         for tenant in queryset:
-            services.tenant_reactivate(tenant=tenant)
-        messages.success(request, f"Reactivated {queryset.count()} tenant(s).")
+            try:
+                services.tenant_reactivate(tenant=tenant)
+            except services.TenantError as exc:
+                messages.error(request, str(exc))
+                continue
+            reactivated += 1
+        messages.success(request, f"Reactivated {reactivated} tenant(s).")
 
 
 @admin.register(ConsoleAccess)

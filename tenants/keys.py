@@ -6,8 +6,9 @@ tenant's row, or onto another version's, fails authentication there. A wrong mas
 the same way. Either raises `KeyUnwrapError`, never returns garbage.
 
 Wrapped form (format 2): WRAP_MAGIC || 12-byte nonce || ciphertext+tag (64 bytes in all). The
-first format (AES key wrap, RFC 3394, bound to nothing: 40 bytes) is only read by the migration
-that re-wraps it (tenants/migrations/0004); `data_key_unwrap` refuses it.
+first format (AES key wrap, RFC 3394, bound to nothing: 40 bytes), which code before the binding
+wrote, is still read, so old and new workers run side by side during a deploy; `manage.py
+data_keys_rewrap` turns it into format 2 once every process runs this code (decision 0018).
 """
 
 import base64
@@ -17,7 +18,7 @@ import os
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap
+from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 from django.conf import settings
 
 WRAP_MAGIC = b"APDK2"
@@ -65,9 +66,10 @@ def data_key_wrap(data_key: bytes, *, tenant_id: int, schema: str, version: int,
 def data_key_unwrap(wrapped: bytes, *, tenant_id: int, schema: str, version: int,
                     wrapping_key: bytes | None = None) -> bytes:
     wrapped = bytes(wrapped)
+    if is_legacy_wrap(wrapped):
+        return legacy_data_key_unwrap(wrapped, wrapping_key=wrapping_key or master_key())
     if not wrapped.startswith(WRAP_MAGIC):
-        raise KeyUnwrapError(f"data key v{version} of {schema} is not in the tenant-bound wrap "
-                             "format: run `manage.py migrate_schemas --shared` to re-wrap it")
+        raise KeyUnwrapError(f"data key v{version} of {schema} is in no known wrap format")
     body = wrapped[len(WRAP_MAGIC):]
     aad = _binding(tenant_id=tenant_id, schema=schema, version=version)
     try:
@@ -80,13 +82,18 @@ def data_key_unwrap(wrapped: bytes, *, tenant_id: int, schema: str, version: int
 
 
 def legacy_data_key_unwrap(wrapped: bytes, *, wrapping_key: bytes) -> bytes:
-    """The first wrap format (RFC 3394, unbound); read only to re-wrap it."""
+    """The first wrap format (RFC 3394, unbound), as code before the binding wrote it."""
     try:
         return aes_key_unwrap(wrapping_key, bytes(wrapped))
     except InvalidUnwrap as exc:
         raise KeyUnwrapError(
             "cannot unwrap a legacy data key: the master key is not the one it was wrapped with"
         ) from exc
+
+
+def legacy_data_key_wrap(data_key: bytes, *, wrapping_key: bytes) -> bytes:
+    """The first wrap format again: only for rolling code back (`data_keys_rewrap --to-legacy`)."""
+    return aes_key_wrap(wrapping_key, data_key)
 
 
 def is_legacy_wrap(wrapped: bytes) -> bool:

@@ -12,6 +12,7 @@ class Tenant(TenantMixin):
     class Status(models.TextChoices):
         ACTIVE = "active"
         SUSPENDED = "suspended"
+        DELETING = "deleting"  # tenant_delete began: never active again, only deleted
 
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
@@ -25,6 +26,12 @@ class Tenant(TenantMixin):
     # Schemas are created explicitly by tenant_create (it also migrates them).
     auto_create_schema = False
     auto_drop_schema = True
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=["active", "suspended", "deleting"]),
+                                   name="tenant_status_known"),
+        ]
 
     def __str__(self) -> str:
         return self.schema_name

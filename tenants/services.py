@@ -7,7 +7,8 @@ import logging
 import re
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -78,12 +79,21 @@ def tenant_create(*, schema_name: str, name: str = "") -> Provisioned:
 
 
 def tenant_suspend(*, tenant: Tenant) -> None:
-    Tenant.objects.filter(pk=tenant.pk).update(status=Tenant.Status.SUSPENDED)
-    tenant.status = Tenant.Status.SUSPENDED
+    """API keys stop working. A tenant being deleted stays `deleting`."""
+    Tenant.objects.filter(pk=tenant.pk).exclude(status=Tenant.Status.DELETING).update(
+        status=Tenant.Status.SUSPENDED)
+    tenant.refresh_from_db(fields=["status"])
 
 
 def tenant_reactivate(*, tenant: Tenant) -> None:
-    Tenant.objects.filter(pk=tenant.pk).update(status=Tenant.Status.ACTIVE)
+    """API keys work again; refused for a tenant whose deletion has begun (its objects may be
+    gone already): run `delete_tenant` again to finish it."""
+    updated = Tenant.objects.filter(pk=tenant.pk).exclude(status=Tenant.Status.DELETING).update(
+        status=Tenant.Status.ACTIVE)
+    if not updated:
+        raise TenantError(f"tenant {tenant.schema_name} is being deleted and cannot be "
+                          "reactivated: run `manage.py delete_tenant` again to finish",
+                          code="tenant_deleting")
     tenant.status = Tenant.Status.ACTIVE
 
 
@@ -131,18 +141,23 @@ def tenant_delete(*, tenant: Tenant) -> None:
     """Delete the tenant: its S3 objects (archives, workspace snapshots), this host's workspace
     copies, its schema and every public row that belongs to it. Irreversible.
 
-    The tenant is suspended first (its API keys stop working) and its row and schema go last, so
-    a deletion stopped by an unreachable S3 leaves a suspended tenant to delete again."""
+    The tenant is marked `deleting` first (its API keys stop working, and it can never be
+    reactivated half-deleted); the schema and its public rows go in one transaction, so no crash
+    leaves the ready list or a wakeup naming a schema that is gone. A deletion stopped by an
+    unreachable S3 leaves a `deleting` tenant to delete again."""
     if tenant.schema_name == get_public_schema_name():
         raise TenantError("the public schema is not a tenant")
     schema = tenant.schema_name
     connection.set_schema_to_public()
-    tenant_suspend(tenant=tenant)
+    Tenant.objects.filter(pk=tenant.pk).update(status=Tenant.Status.DELETING)
+    tenant.status = Tenant.Status.DELETING
     tenant_objects_delete(schema=schema)
     tenant_workspaces_delete(schema=schema)
-    tenant.delete(force_drop=True)  # cascades to API keys, data keys, domains and connections
-    # A worker that was mid-step may have written a snapshot since: with the schema gone, no
-    # run of the tenant can write another.
+    with transaction.atomic():  # DROP SCHEMA is transactional: schema and rows go together
+        tenant.delete(force_drop=True)  # cascades to keys, domains, connections, ready list, wakeups
+    # A worker that was mid-step may have written a snapshot or a local copy since: with the
+    # schema gone, no run of the tenant can write another.
+    tenant_workspaces_delete(schema=schema)
     try:
         tenant_objects_delete(schema=schema)
     except TenantError as exc:
@@ -227,8 +242,9 @@ def data_key_create(*, tenant: Tenant) -> TenantKey:
 
 
 def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, bytes]:
-    """The tenant's data key (the newest active one unless a version is asked for), unwrapped.
-    A retired version opens nothing: everything it sealed was re-sealed before it was retired."""
+    """The tenant's data key (the newest active one unless a version is asked for), unwrapped,
+    to open something. A retired version opens nothing: everything it sealed was re-sealed before
+    it was retired. To seal, use `data_key_for_write`."""
     rows = tenant.data_keys.order_by("-version")
     row = rows.filter(version=version).first() if version else rows.filter(retired_at=None).first()
     if row is None:
@@ -237,15 +253,80 @@ def data_key_get(*, tenant: Tenant, version: int | None = None) -> tuple[int, by
     if row.retired_at is not None:
         raise TenantError(f"data key v{row.version} of {tenant.schema_name} is retired",
                           code="data_key_retired")
+    return row.version, _data_key_unwrap(tenant=tenant, row=row)
+
+
+def data_key_for_write(*, tenant: Tenant) -> tuple[int, bytes]:
+    """The newest active data key, to seal something that the caller stores in the transaction
+    it is in. The key's row is held FOR SHARE until that transaction ends, and retiring a version
+    takes its row FOR UPDATE before counting what is sealed under it (data_key_retire): so a
+    retirement waits for this write and then sees it, and nothing is stored under a retired key."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("data_key_for_write must run inside the transaction that stores what "
+                           "it seals")
+    table = connection.ops.quote_name(TenantKey._meta.db_table)
+    for _ in range(3):
+        with connection.cursor() as cursor:
+            # Waits while a retirement holds the newest row; if it retired it, the row no longer
+            # qualifies and the next attempt (a new snapshot) finds the version after it.
+            cursor.execute(f"SELECT id FROM {table} WHERE tenant_id = %s AND retired_at IS NULL "
+                           "ORDER BY version DESC LIMIT 1 FOR SHARE", [tenant.pk])
+            found = cursor.fetchone()
+        if found is not None:
+            row = TenantKey.objects.get(pk=found[0])
+            return row.version, _data_key_unwrap(tenant=tenant, row=row)
+    raise TenantError(f"tenant {tenant.schema_name} has no active data key", code="data_key_missing")
+
+
+@contextmanager
+def data_key_rotation_lock(*, tenant: Tenant) -> Iterator[None]:
+    """Held by one rotation of the tenant's data key at a time (a session advisory lock: a
+    rotation spans many transactions), so two cannot retire each other's new version."""
+    name = f"agentplatform.data-key-rotation:{tenant.pk}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
+        if not cursor.fetchone()[0]:
+            raise TenantError(f"a rotation of the data key of {tenant.schema_name} is already "
+                              "running; run it again when that one has finished",
+                              code="data_key_rotation_running")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+
+
+def _data_key_unwrap(*, tenant: Tenant, row: TenantKey) -> bytes:
     master = keys.master_key()
     if not hmac.compare_digest(row.master_key_id, keys.master_key_id(master)):
         raise keys.KeyUnwrapError(
             f"data key v{row.version} of {tenant.schema_name} was wrapped by master key "
             f"{row.master_key_id}, not by the configured one"
         )
-    return row.version, keys.data_key_unwrap(row.wrapped_key, tenant_id=tenant.pk,
-                                             schema=tenant.schema_name, version=row.version,
-                                             wrapping_key=master)
+    return keys.data_key_unwrap(row.wrapped_key, tenant_id=tenant.pk, schema=tenant.schema_name,
+                                version=row.version, wrapping_key=master)
+
+
+def data_keys_rewrap(*, to_legacy: bool = False) -> int:
+    """Re-wrap every data key still in the first (unbound) wrap format in the tenant-bound one;
+    run once every process runs code that reads both (docs/operators.md). Idempotent; returns
+    the keys re-wrapped. `to_legacy` does the reverse, only to roll code back past the binding.
+    The data keys themselves do not change, so nothing sealed under them needs re-sealing."""
+    master = keys.master_key()
+    changed = 0
+    for pk in list(TenantKey.objects.order_by("pk").values_list("pk", flat=True)):
+        with transaction.atomic():
+            row = TenantKey.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=pk)
+            if keys.is_legacy_wrap(row.wrapped_key) != to_legacy:
+                data_key = _data_key_unwrap(tenant=row.tenant, row=row)
+                row.wrapped_key = (
+                    keys.legacy_data_key_wrap(data_key, wrapping_key=master) if to_legacy else
+                    keys.data_key_wrap(data_key, tenant_id=row.tenant_id,
+                                       schema=row.tenant.schema_name, version=row.version,
+                                       wrapping_key=master))
+                row.save(update_fields=["wrapped_key"])
+                changed += 1
+    return changed
 
 
 def _digest(plaintext: str) -> str:

@@ -10,7 +10,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tenants.models import Tenant
-from tenants.services import data_key_get
+from tenants.services import data_key_for_write, data_key_get
 
 
 class SecretUnreadable(RuntimeError):
@@ -19,8 +19,11 @@ class SecretUnreadable(RuntimeError):
 
 def secret_seal(*, tenant: Tenant, plaintext: str, bound_to: str,
                 version: int | None = None) -> tuple[bytes, int]:
-    """Returns (sealed bytes, data key version): the newest active one unless `version` is given."""
-    version, key = data_key_get(tenant=tenant, version=version)
+    """Returns (sealed bytes, data key version): the newest active one unless `version` is given.
+    The newest is held FOR SHARE (`data_key_for_write`): store the sealed secret in the caller's
+    transaction, so a retirement of that version waits for it and sees it."""
+    version, key = (data_key_get(tenant=tenant, version=version) if version is not None
+                    else data_key_for_write(tenant=tenant))
     nonce = os.urandom(12)
     return nonce + AESGCM(key).encrypt(nonce, plaintext.encode(), bound_to.encode()), version
 

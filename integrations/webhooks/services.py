@@ -67,12 +67,13 @@ def slack_connection_create(*, tenant: Tenant, team_id: str, signing_secret: str
         raise WebhookRejected("team_already_connected",
                               f"Slack team {team_id} is already connected.")
     connection_id = uuid.uuid4()
-    sealed, version = secret_seal(tenant=tenant, plaintext=signing_secret,
-                                  bound_to=_slack_secret_binding(connection_id))
     try:
-        return SlackConnection.objects.create(
-            id=connection_id, tenant=tenant, team_id=team_id, signing_secret_sealed=sealed,
-            data_key_version=version, approvals_channel=approvals_channel)
+        with transaction.atomic():  # the seal's key version is held until the row commits
+            sealed, version = secret_seal(tenant=tenant, plaintext=signing_secret,
+                                          bound_to=_slack_secret_binding(connection_id))
+            return SlackConnection.objects.create(
+                id=connection_id, tenant=tenant, team_id=team_id, signing_secret_sealed=sealed,
+                data_key_version=version, approvals_channel=approvals_channel)
     except IntegrityError:
         raise WebhookRejected("team_already_connected",
                               f"Slack team {team_id} is already connected.") from None

@@ -33,7 +33,13 @@ from runs.models import Checkpoint, Run
 from sandboxes.models import WorkspaceSnapshot
 from sandboxes.services import workspace_snapshots_reseal
 from tenants.models import Tenant, TenantKey
-from tenants.services import data_key_create, data_key_get
+from tenants.services import (
+    TenantError,
+    data_key_create,
+    data_key_for_write,
+    data_key_get,
+    data_key_rotation_lock,
+)
 
 from . import envelope, selectors, store
 from .envelope import ArchiveCorrupt, ArchiveError
@@ -119,7 +125,8 @@ def run_archive(*, tenant: Tenant, run_id: UUID, policy: RetentionPolicy) -> Arc
         fields = {"status": Archive.Status.DISCARDED, "object_key": "", "sha256": "", "size": 0,
                   "sealed_key_version": None, "key_version": None, "wrapped_key": None}
         if policy.archive_required:
-            version, tenant_key = data_key_get(tenant=tenant)
+            # Held FOR SHARE until the Archive row commits: a retirement of it waits and sees it.
+            version, tenant_key = data_key_for_write(tenant=tenant)
             sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
                                    tenant=schema, run_id=str(run_id), key_version=version)
             key = store.object_key_for(schema=schema, run_id=run_id)
@@ -289,16 +296,37 @@ def archive_keys_rewrap(*, tenant: Tenant, to_version: int | None = None) -> int
     return changed
 
 
+RETIRE_ATTEMPTS = 3
+
+
 def data_key_rotate(*, tenant: Tenant, retire_old: bool = False) -> TenantKey:
     """A new data key version for the tenant, and everything sealed under an older one re-sealed
     under it: archive keys (re-wrapped; bodies untouched), connector credentials, Slack signing
     secrets and workspace snapshots. Optionally the older versions retired, after which they open
-    nothing. Run in the tenant's schema; idempotent, so an interrupted rotation is run again."""
-    key = data_key_create(tenant=tenant)
-    data_key_reseal(tenant=tenant, to_version=key.version)
-    if retire_old:
-        for old in tenant.data_keys.filter(retired_at=None).exclude(pk=key.pk):
-            data_key_retire(tenant=tenant, version=old.version)
+    nothing. Run in the tenant's schema; idempotent, so an interrupted rotation is run again.
+    One rotation of a tenant at a time (`data_key_rotation_lock`); another is refused.
+
+    A writer that took the old version just before the new one existed commits under it after
+    the re-seal; retiring waits for it and refuses, so the re-seal runs again, then the retire."""
+    try:
+        with data_key_rotation_lock(tenant=tenant):
+            key = data_key_create(tenant=tenant)
+            data_key_reseal(tenant=tenant, to_version=key.version)
+            if retire_old:
+                older = tenant.data_keys.filter(retired_at=None, version__lt=key.version)
+                for old in list(older.order_by("version")):
+                    for attempt in range(RETIRE_ATTEMPTS):
+                        try:
+                            data_key_retire(tenant=tenant, version=old.version)
+                            break
+                        except DataKeyInUse:
+                            if attempt == RETIRE_ATTEMPTS - 1:
+                                raise
+                            data_key_reseal(tenant=tenant, to_version=key.version)
+    except TenantError as exc:
+        if exc.code != "data_key_rotation_running":
+            raise
+        raise RetentionError(exc.message) from None
     return key
 
 
@@ -324,14 +352,23 @@ def data_key_users(*, tenant: Tenant, version: int) -> dict[str, int]:
     return {what: count for what, count in in_use.items() if count}
 
 
+class DataKeyInUse(RetentionError):
+    """Something is still sealed under the data key version being retired."""
+
+
 def data_key_retire(*, tenant: Tenant, version: int) -> None:
     """Mark a data key version retired (it opens nothing afterwards); refused while anything is
-    still sealed under it."""
-    in_use = data_key_users(tenant=tenant, version=version)
-    if in_use:
-        listed = ", ".join(f"{count} {what}" for what, count in in_use.items())
-        raise RetentionError(f"{listed} of {tenant.schema_name} are still wrapped under data key "
-                             f"v{version}: re-seal them first (rotate_data_key)")
-    if not tenant.data_keys.filter(retired_at=None).exclude(version=version).exists():
-        raise RetentionError(f"v{version} is the only active data key of {tenant.schema_name}")
-    tenant.data_keys.filter(version=version, retired_at=None).update(retired_at=timezone.now())
+    still sealed under it. Its row is locked FOR UPDATE before counting, which waits for every
+    writer holding it FOR SHARE (`data_key_for_write`) to commit, so none is missed."""
+    with transaction.atomic():
+        row = tenant.data_keys.select_for_update().filter(version=version, retired_at=None).first()
+        if row is None:
+            return  # retired already, or never existed
+        in_use = data_key_users(tenant=tenant, version=version)
+        if in_use:
+            listed = ", ".join(f"{count} {what}" for what, count in in_use.items())
+            raise DataKeyInUse(f"{listed} of {tenant.schema_name} are still wrapped under data "
+                               f"key v{version}: re-seal them first (rotate_data_key)")
+        if not tenant.data_keys.filter(retired_at=None).exclude(version=version).exists():
+            raise RetentionError(f"v{version} is the only active data key of {tenant.schema_name}")
+        TenantKey.objects.filter(pk=row.pk).update(retired_at=timezone.now())

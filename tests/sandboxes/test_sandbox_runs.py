@@ -2,23 +2,32 @@
 workers, limits under real workers, and two tenants side by side."""
 
 import json
+import re
 import shutil
 import socket
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 from cryptography.exceptions import InvalidTag
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django_tenants.utils import tenant_context
 
+import sandboxes.services as sandbox_services
 from agentplatform.s3 import s3_client
 from runs import engine
 from runs.models import Run
 from runs.services import run_start
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
-from sandboxes.services import SandboxSession, run_dir, snapshot_open
+from sandboxes.services import (
+    SandboxSession,
+    run_dir,
+    snapshot_open,
+    workspace_restore,
+    workspace_snapshot,
+)
 from tenants.services import data_key_get
 from tests.support.waiting import wait_for
 
@@ -61,7 +70,8 @@ def test_workspace_snapshot_is_encrypted_under_the_tenants_prefix(in_acme, acme,
     snapshots = list(WorkspaceSnapshot.objects.filter(run=run).order_by("visit"))
     assert [s.visit for s in snapshots] == [0]  # step 2 changed nothing: no new snapshot
     snapshot = snapshots[0]
-    assert snapshot.object_key == f"tenants/acme/workspaces/{run.id}/0.tar.gz.enc"
+    assert re.fullmatch(rf"tenants/acme/workspaces/{run.id}/0\.[0-9a-f]{{12}}\.tar\.gz\.enc",
+                        snapshot.object_key)  # a key of its own for every write
     blob = s3_client().get_object(Bucket=settings.S3_BUCKET, Key=snapshot.object_key)["Body"].read()
     assert b"plain-text-marker" not in blob and b"a.txt" not in blob
     _, key = data_key_get(tenant=acme, version=snapshot.key_version)
@@ -86,6 +96,95 @@ def test_half_a_step_left_by_a_dead_process_is_discarded_before_the_next_call(in
     result = fresh.run("echo half > b.txt")
     assert not result.replayed  # its record was not durable: run again on the snapshot
     assert fresh.run("ls").stdout.split() == ["a.txt", "b.txt"]
+
+
+def test_parallel_restores_of_one_snapshot_do_not_wait_for_each_other(in_acme, acme, s3,
+                                                                     tmp_path, monkeypatch):
+    """Fan-out branches restore the run's snapshot at once: none holds it across its S3 GET, and
+    one whose object was replaced meanwhile (the snapshot re-taken) reads the new one."""
+    source = tmp_path / "workspace"
+    source.mkdir()
+    (source / "f.txt").write_text("before the fan-out")
+    run = run_start(agent="research", enqueue=False).run
+    snapshot = workspace_snapshot(schema="acme", run_id=run.id, visit=2, path=source)
+    fetching, release = threading.Event(), threading.Event()
+    real_client = sandbox_services.s3_client
+
+    class SlowGet:  # the first branch's GET stalls (a slow S3)
+        def __init__(self):
+            self.client = real_client()
+
+        def get_object(self, **kwargs):
+            if threading.current_thread().name == "first":
+                fetching.set()
+                assert release.wait(30)
+            return self.client.get_object(**kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+    monkeypatch.setattr(sandbox_services, "s3_client", SlowGet)
+    restored: dict = {}
+
+    def branch(name):
+        try:
+            with tenant_context(acme):
+                path = tmp_path / name
+                path.mkdir()
+                workspace_restore(schema="acme", snapshot=snapshot, path=path)
+                restored[name] = (path / "f.txt").read_text()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            restored[name] = exc
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=branch, args=("first",), name="first")
+    first.start()
+    try:
+        wait_for(fetching.is_set, what="the first branch fetching")
+        second = threading.Thread(target=branch, args=("second",), name="second")
+        second.start()
+        wait_for(lambda: "second" in restored, timeout=15,
+                 what="the second branch's restore while the first waits on S3")
+        assert restored["second"] == "before the fan-out"
+        (source / "f.txt").write_text("re-taken")  # the object the first branch read is replaced
+        workspace_snapshot(schema="acme", run_id=run.id, visit=2, path=source)
+    finally:
+        release.set()
+        first.join(30)
+    assert restored["first"] == "re-taken"
+
+
+def test_a_worker_killed_between_upload_and_record_leaves_the_recorded_snapshot_intact(
+        in_acme, s3, tmp_path, monkeypatch):
+    source = tmp_path / "workspace"
+    source.mkdir()
+    (source / "f.txt").write_text("attempt 1")
+    run = run_start(agent="research", enqueue=False).run
+    workspace_snapshot(schema="acme", run_id=run.id, visit=5, path=source)
+    (source / "f.txt").write_text("attempt 2")  # the step ran again after a crash
+
+    class Killed(BaseException):
+        pass
+
+    def killed(**kwargs):
+        raise Killed  # kill -9 after the object is uploaded, before its row is updated
+
+    with monkeypatch.context() as patched:
+        patched.setattr(WorkspaceSnapshot.objects, "update_or_create", killed)
+        with pytest.raises(Killed):
+            workspace_snapshot(schema="acme", run_id=run.id, visit=5, path=source)
+    row = WorkspaceSnapshot.objects.get(run_id=run.id, visit=5)
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    workspace_restore(schema="acme", snapshot=row, path=restored)
+    assert (restored / "f.txt").read_text() == "attempt 1"
+    retaken = workspace_snapshot(schema="acme", run_id=run.id, visit=5, path=source)
+    assert retaken.object_key != row.object_key
+    objects = s3_client().list_objects_v2(Bucket=settings.S3_BUCKET,
+                                          Prefix=f"tenants/acme/workspaces/{run.id}/")
+    keys = [item["Key"] for item in objects.get("Contents", [])]
+    assert retaken.object_key in keys and row.object_key not in keys  # superseded one deleted
 
 
 # -- real workers ------------------------------------------------------------------------------

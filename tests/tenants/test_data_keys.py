@@ -1,18 +1,16 @@
 """Per-tenant data keys, wrapped by the master key and bound to their tenant and version."""
 
 import base64
-import importlib
+import io
 import os
 
 import pytest
 from cryptography.hazmat.primitives.keywrap import aes_key_wrap
-from django.apps import apps
+from django.core.management import call_command
 
 from tenants import keys
 from tenants.models import TenantKey
 from tenants.services import data_key_get
-
-rewrap_migration = importlib.import_module("tenants.migrations.0004_data_keys_bound_to_tenant")
 
 
 def unwrap(row):
@@ -67,20 +65,58 @@ def test_a_wrapped_key_does_not_open_as_another_version_of_the_same_tenant(acme)
         keys.data_key_unwrap(row.wrapped_key, tenant_id=acme.pk, schema="acme", version=2)
 
 
-def test_migration_rewraps_first_format_keys_bound_to_their_tenant(globex):
+def rewrap(*args) -> str:
+    out = io.StringIO()
+    call_command("data_keys_rewrap", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_first_format_key_still_opens_in_its_own_tenant(globex):
+    """Workers of the code before the binding wrote the first format; during a rolling deploy
+    and until `data_keys_rewrap` runs, their keys must keep opening."""
     row = globex.data_keys.get(version=1)
     original = bytes(row.wrapped_key)
     _, data_key = data_key_get(tenant=globex)
-    legacy = aes_key_wrap(keys.master_key(), data_key)  # how main wrapped keys before
+    legacy = aes_key_wrap(keys.master_key(), data_key)  # how the code before wrapped keys
     TenantKey.objects.filter(pk=row.pk).update(wrapped_key=legacy)
     try:
-        with pytest.raises(keys.KeyUnwrapError, match="not in the tenant-bound wrap format"):
-            data_key_get(tenant=globex)
-        rewrap_migration.rewrap(apps, None)
+        assert data_key_get(tenant=globex) == (1, data_key)
+    finally:
+        TenantKey.objects.filter(pk=row.pk).update(wrapped_key=original)
+
+
+def test_data_keys_rewrap_binds_first_format_keys_to_their_tenant_and_is_idempotent(acme, globex):
+    row = globex.data_keys.get(version=1)
+    acme_row = acme.data_keys.get(version=1)
+    original, acme_original = bytes(row.wrapped_key), bytes(acme_row.wrapped_key)
+    _, data_key = data_key_get(tenant=globex)
+    legacy = aes_key_wrap(keys.master_key(), data_key)
+    TenantKey.objects.filter(pk=row.pk).update(wrapped_key=legacy)
+    try:
+        assert "1 data key(s) re-wrapped" in rewrap()
         rewrapped = bytes(TenantKey.objects.get(pk=row.pk).wrapped_key)
         assert rewrapped.startswith(keys.WRAP_MAGIC) and rewrapped != legacy
         assert data_key_get(tenant=globex) == (1, data_key)
-        rewrap_migration.rewrap(apps, None)  # idempotent: nothing legacy is left
+        assert "0 data key(s) re-wrapped" in rewrap()  # idempotent: nothing legacy is left
         assert bytes(TenantKey.objects.get(pk=row.pk).wrapped_key) == rewrapped
+
+        TenantKey.objects.filter(pk=acme_row.pk).update(wrapped_key=rewrapped)  # copied to acme
+        with pytest.raises(keys.KeyUnwrapError):
+            data_key_get(tenant=acme)
     finally:
+        TenantKey.objects.filter(pk=row.pk).update(wrapped_key=original)
+        TenantKey.objects.filter(pk=acme_row.pk).update(wrapped_key=acme_original)
+
+
+def test_data_keys_rewrap_to_legacy_rolls_the_wrap_back_for_older_code(globex):
+    row = globex.data_keys.get(version=1)
+    original = bytes(row.wrapped_key)
+    _, data_key = data_key_get(tenant=globex)
+    try:
+        rewrap("--to-legacy")
+        legacy = bytes(TenantKey.objects.get(pk=row.pk).wrapped_key)
+        assert keys.is_legacy_wrap(legacy)
+        assert keys.legacy_data_key_unwrap(legacy, wrapping_key=keys.master_key()) == data_key
+    finally:
+        rewrap()
         TenantKey.objects.filter(pk=row.pk).update(wrapped_key=original)

@@ -9,15 +9,19 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models.deletion import Collector
+from django.utils import timezone
 from django_tenants.utils import schema_exists, tenant_context
 
 from agentplatform.s3 import s3_client
+from runs.dispatch.models import Wakeup
 from runs.retention import services as retention
 from runs.retention import store
 from sandboxes.services import LocalWorkspace, workspace_snapshot
 from tenants.models import Tenant
-from tenants.services import tenant_create
+from tenants.services import TenantError, tenant_create, tenant_reactivate, tenant_suspend
 from tests.retention.conftest import run_finished
+from tests.tenants.test_admin_console import staff_client
 
 
 def put(key: str) -> str:
@@ -72,7 +76,7 @@ def test_deleting_a_tenant_removes_its_objects_workspaces_and_schema_and_nothing
     s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=neighbour)
 
 
-def test_a_deletion_stopped_by_an_unreachable_s3_keeps_the_tenant_suspended_to_delete_again(
+def test_a_deletion_stopped_by_an_unreachable_s3_keeps_the_tenant_deleting_to_delete_again(
         s3, tmp_path):
     tenant, local = tenant_with_data("soylent", tmp_path)
     with socket.socket() as probe:
@@ -85,9 +89,79 @@ def test_a_deletion_stopped_by_an_unreachable_s3_keeps_the_tenant_suspended_to_d
             call_command("delete_tenant", "soylent", "--yes")
     finally:
         settings.S3_ENDPOINT_URL = endpoint
-    assert Tenant.objects.get(pk=tenant.pk).status == "suspended"
+    assert Tenant.objects.get(pk=tenant.pk).status == "deleting"
     assert schema_exists("soylent") and local.dir.exists() and stored("tenants/soylent/")
 
     call_command("delete_tenant", "soylent", "--yes")
     assert stored("tenants/soylent/") == [] and not schema_exists("soylent")
     assert not local.dir.exists()
+
+
+def test_a_tenant_whose_deletion_began_cannot_be_reactivated(s3, tmp_path):
+    tenant, _ = tenant_with_data("umbrella", tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    endpoint = settings.S3_ENDPOINT_URL
+    settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{dead}"  # S3 unreachable: stopped half way
+    try:
+        with pytest.raises(CommandError, match="S3 is unavailable"):
+            call_command("delete_tenant", "umbrella", "--yes")
+    finally:
+        settings.S3_ENDPOINT_URL = endpoint
+    tenant = Tenant.objects.get(pk=tenant.pk)
+    with pytest.raises(TenantError, match="being deleted"):
+        tenant_reactivate(tenant=tenant)
+    tenant_suspend(tenant=tenant)
+    console = staff_client()
+    response = console.post("/admin/tenants/tenant/", {"action": "reactivate",
+                                                       "_selected_action": [tenant.pk]},
+                            follow=True)
+    assert "being deleted" in response.content.decode()
+    edited = console.post(f"/admin/tenants/tenant/{tenant.pk}/change/", {
+        "name": tenant.name, "status": "active", "max_in_flight": "",
+        "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0"})
+    assert edited.status_code == 302  # saved, but the status of a tenant being deleted is fixed
+    assert Tenant.objects.get(pk=tenant.pk).status == "deleting"
+    call_command("delete_tenant", "umbrella", "--yes")
+    assert not Tenant.objects.filter(pk=tenant.pk).exists()
+
+
+def test_a_crash_during_the_schema_drop_leaves_schema_and_public_rows_together(
+        s3, tmp_path, monkeypatch):
+    """Schema and public rows (the ready list, wakeups) go in one transaction: a crash between
+    them cannot leave a wakeup naming a schema that is gone."""
+    tenant, _ = tenant_with_data("tyrell", tmp_path)
+    with tenant_context(tenant):
+        run = run_finished(steps=1)
+    Wakeup.objects.create(tenant=tenant, schema_name="tyrell", run_id=run.id, visit=0,
+                          due_at=timezone.now() + timedelta(days=1))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(self):
+        raise Killed  # kill -9 after DROP SCHEMA, before the tenant's rows are deleted
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Collector, "delete", killed)
+        with pytest.raises(Killed):
+            call_command("delete_tenant", "tyrell", "--yes")
+    connection.set_schema_to_public()
+    assert schema_exists("tyrell") and Wakeup.objects.filter(schema_name="tyrell").exists()
+    call_command("delete_tenant", "tyrell", "--yes")
+    assert not schema_exists("tyrell") and not Wakeup.objects.filter(schema_name="tyrell").exists()
+
+
+def test_a_workspace_written_during_the_deletion_is_swept_after_the_schema_is_dropped(
+        s3, tmp_path, monkeypatch):
+    tenant, local = tenant_with_data("wayne", tmp_path)
+    real_drop = Tenant._drop_schema
+
+    def worker_writes_then_drop(self, *args, **kwargs):
+        local.reset()  # a worker mid-step restored the run's workspace after the first sweep
+        return real_drop(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tenant, "_drop_schema", worker_writes_then_drop)
+    call_command("delete_tenant", "wayne", "--yes")
+    assert not local.dir.exists() and not local.dir.parent.exists()
