@@ -6,6 +6,7 @@ import base64
 import uuid
 
 import pytest
+from django.test import Client
 
 from runs.services import run_start
 
@@ -133,3 +134,25 @@ def test_an_idempotency_key_that_is_not_printable_ascii_is_400(acme_api, key):
                            HTTP_IDEMPOTENCY_KEY=key)
     assert answer.status_code == 400, answer.content[:300]
     assert answer.json()["error"]["code"] == "invalid_idempotency_key"
+
+
+def test_what_django_refuses_before_a_view_is_json_under_the_api_and_html_in_the_admin(acme_api):
+    acme_api.raise_request_exception = False
+    many = "&".join(f"a{i}=1" for i in range(1100))  # over DATA_UPLOAD_MAX_NUMBER_FIELDS
+    for answer in (acme_api.get("/api/v1/runs?" + many),
+                   acme_api.get("/api/v1/runs", HTTP_HOST="evil.example")):
+        assert answer.status_code == 400
+        assert answer["Content-Type"] == "application/json", answer.content[:200]
+        assert answer.json()["error"]["code"] == "bad_request"
+    admin = Client(raise_request_exception=False).get("/admin/login/", HTTP_HOST="evil.example")
+    assert admin.status_code == 400 and admin["Content-Type"].startswith("text/html")
+
+
+def test_the_schema_views_errors_are_json(acme_api):
+    client = Client(raise_request_exception=False)
+    for answer, status in ((client.get("/api/v1/schema?format=bogus"), 404),
+                           (client.post("/api/v1/schema", {}), 405)):
+        assert answer.status_code == status
+        assert answer["Content-Type"] == "application/json", answer.content[:200]
+        assert "code" in answer.json()["error"]
+    assert client.get("/api/v1/schema").status_code == 200

@@ -12,9 +12,11 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import JSONRenderer
 
 from agentplatform.api_errors import ApiError
 
@@ -191,3 +193,16 @@ class ValidatedCursorPagination(CursorPagination):
                 parameter["description"] = ("Opaque: from a page's `next` or `previous` link. One "
                                             "this API did not give out is 404.")
         return parameters
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI document (YAML or JSON); its errors (`?format=bogus` 404, a POST 405) in the
+    API's JSON error shape, not rendered as YAML."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if response.status_code >= 400:
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = "application/json"
+            response.renderer_context = self.get_renderer_context()
+        return response
