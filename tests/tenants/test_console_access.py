@@ -9,6 +9,7 @@ from django.db import DatabaseError, transaction
 from django.test import Client
 from django_tenants.utils import tenant_context
 
+from runs.models import Run
 from runs.services import run_start
 from tenants.models import ConsoleAccess, Tenant
 from tenants.services import tenant_reactivate
@@ -122,3 +123,18 @@ def test_only_superusers_can_change_who_sees_a_tenant(globex):
     founder, _ = logged_in(superuser=True)
     page = founder.get(f"/admin/tenants/tenant/{globex.pk}/change/").content.decode()
     assert 'name="superusers_only"' in page
+
+
+def test_an_action_on_all_matching_runs_is_logged_as_that_with_its_filters(globex):
+    with tenant_context(globex):
+        runs = [run_start(agent="research", enqueue=False).run for _ in range(2)]
+    client, user = logged_in(permissions=("view_run", "change_run"))
+    client.get("/admin/runs/run/tenant/globex/")
+    decoy = uuid.uuid4()  # ticked, but select_across acts on every run the filters match
+    client.post("/admin/runs/run/?agent=research", {
+        "action": "cancel", "select_across": "1", "index": "0", "_selected_action": [str(decoy)]})
+    rows = list(ConsoleAccess.objects.filter(user_id=user.pk, view__contains="_action")
+                .values_list("view", "run_id", "path"))
+    assert rows == [("run_action_all:cancel", None, "/admin/runs/run/?agent=research")]
+    with tenant_context(globex):
+        assert {Run.objects.get(id=run.id).cancel_requested for run in runs} == {True}
