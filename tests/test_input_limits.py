@@ -85,7 +85,7 @@ def test_numbers_a_double_cannot_hold_and_lone_surrogates_are_400_not_500(acme_a
     run = acme_api.post("/api/v1/runs", '{"agent":"research","input":{"q":"\\ud800"}}',
                         content_type="application/json")
     assert error_of(run) == (400, "parse_error")
-    paired = acme_api.post("/api/v1/events", '{"kind":"docs.x","key":"%s","payload":'
-                           '{"x":"\\ud83d\\ude00","big":1e300}}' % uuid.uuid4(),
+    body = '{"kind":"docs.x","key":"KEY","payload":{"x":"\\ud83d\\ude00","big":1e300}}'
+    paired = acme_api.post("/api/v1/events", body.replace("KEY", str(uuid.uuid4())),
                            content_type="application/json")
     assert paired.status_code == 202, paired.content  # a pair is one character: stored

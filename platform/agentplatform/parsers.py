@@ -3,8 +3,8 @@ can keep. A body nested deeper than API_JSON_MAX_DEPTH is 400 `json_too_deep` (P
 would recurse into a 500 first); a string holding U+0000 (`\\u0000`) is 400 `parse_error`, not a
 500 at the insert (PostgreSQL's text and jsonb cannot hold it); so is a number too large for a
 float (`1e400` reads as infinity; NaN and Infinity are refused by DRF's strict parser already)
-and a lone surrogate (`\\ud800`: not a character, and not valid UTF-8 to store). It imports no view module: DRF
-loads it while rest_framework.views is being imported."""
+and a lone surrogate (`\\ud800`: not a character, and not valid UTF-8 to store). It imports
+no view module: DRF loads it while rest_framework.views is being imported."""
 
 import math
 
