@@ -1,5 +1,7 @@
 """REST API for connector credentials (`/api/v1/credentials`). Secrets go in, never come out."""
 
+import re
+
 from django.core.validators import MinLengthValidator
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -35,6 +37,19 @@ class CredentialPageSerializer(serializers.Serializer):
     results = CredentialSerializer(many=True)
 
 
+def _whole(pattern: re.Pattern) -> re.Pattern:
+    """The pattern for fullmatch: `$` alone lets a trailing newline through."""
+    return re.compile(pattern.pattern.removeprefix("^").removesuffix("$"))
+
+
+def _connector_known(name: str) -> bool:
+    try:
+        connector_get(name)
+    except LookupError:
+        return False
+    return True
+
+
 # The path names a connector the platform has and a label in the service's own format.
 CREDENTIAL_PATH = [
     OpenApiParameter("connector", OpenApiTypes.STR, OpenApiParameter.PATH, enum=list(BUILTIN)),
@@ -57,7 +72,20 @@ class CredentialList(APIView):
                     put=extend_schema(parameters=CREDENTIAL_PATH),
                     delete=extend_schema(parameters=CREDENTIAL_PATH))
 class CredentialDetail(APIView):
+    """A path no credential can have (a label outside its pattern, a connector name that is no
+    name, or for GET and DELETE no connector of the platform's) is 404 before any query: a NUL
+    in the path must not reach PostgreSQL."""
+
     required_scopes = {"GET": Scope.ADMIN, "PUT": Scope.ADMIN, "DELETE": Scope.ADMIN}
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)  # the key and its scopes first
+        connector, label = kwargs["connector"], kwargs["label"]
+        if not (_whole(services.NAME).fullmatch(connector)
+                and _whole(services.LABEL).fullmatch(label)):
+            raise ApiError("not_found", "No such credential.")
+        if request.method != "PUT" and not _connector_known(connector):
+            raise ApiError("not_found", "No such credential.")
 
     @extend_schema(responses={200: CredentialSerializer})
     def get(self, request, connector, label):
@@ -69,10 +97,8 @@ class CredentialDetail(APIView):
     def put(self, request, connector, label):
         body = CredentialSetSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            connector_get(connector)
-        except LookupError:
-            raise ApiError("unknown_connector", f"There is no connector named {connector!r}.") from None
+        if not _connector_known(connector):
+            raise ApiError("unknown_connector", f"There is no connector named {connector!r}.")
         existed = credential_find(connector=connector, label=label) is not None
         credential = services.credential_set(
             connector=connector, label=label, secrets=body.validated_data["secrets"])

@@ -7,6 +7,7 @@ schema is switched; a tenant marked superusers_only is a 404 for other staff."""
 import uuid
 from functools import wraps
 
+from django import forms
 from django.contrib import admin, messages
 from django.http import Http404
 from django.shortcuts import redirect
@@ -33,11 +34,16 @@ def _run_id(value) -> uuid.UUID | None:
 
 def _access_of(request, name: str, kwargs) -> tuple[str, list[uuid.UUID | None]]:
     """What this request looks at: the view ("run_changelist", "run_change", "run_action:requeue"
-    ...) and the runs (or outbox messages' runs) it names."""
+    ...) and the runs (or outbox messages' runs) it names. An action on "all N matching"
+    (select_across=1) acts on every row the changelist's filters match, whatever ids were
+    ticked: one row, run_id empty, view "run_action_all:<action>", the filters in its path."""
     view = name.partition("_")[2] or "view"  # "runs_run_change" -> "run_change"
     if request.method == "POST" and request.POST.get("action"):
+        model, action = view.rsplit("_", 1)[0], request.POST["action"]
+        if forms.BooleanField().to_python(request.POST.get("select_across")):  # as ActionForm reads it
+            return f"{model}_action_all:{action}", [None]
         selected = [_run_id(value) for value in request.POST.getlist("_selected_action")]
-        return f"{view.rsplit('_', 1)[0]}_action:{request.POST['action']}", selected or [None]
+        return f"{model}_action:{action}", selected or [None]
     object_id = kwargs.get("object_id")
     return view, [_run_id(object_id) if object_id else None]
 

@@ -2,6 +2,7 @@
 Reads come from runs.selectors, writes from runs.services; their ServiceErrors are answered by
 agentplatform.api_errors' handler."""
 
+import re
 from decimal import Decimal
 
 from drf_spectacular.types import OpenApiTypes
@@ -25,6 +26,9 @@ from .agents import registry
 from .models import Run
 from .selectors import checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
+
+# An Idempotency-Key: printable ASCII, no surrounding blanks (they are stripped), 1-255 long.
+IDEMPOTENCY_KEY = re.compile(r"[!-~]([ -~]{0,253}[!-~])?")
 
 
 class RunCreateSerializer(StrictStrings, serializers.Serializer):
@@ -108,13 +112,16 @@ class RunListCreate(generics.ListAPIView):
             "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
             description="The same key returns the same run (200).",
             # what a header can carry: printable ASCII, no surrounding blanks
-            pattern=r"^[!-~]([ -~]{0,253}[!-~])?$")])
+            pattern=f"^{IDEMPOTENCY_KEY.pattern}$")])
     def post(self, request):
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key", "").strip() or None
         if key and len(key) > 255:
             raise ApiError("invalid_idempotency_key", "Idempotency-Key is longer than 255 characters")
+        if key and not IDEMPOTENCY_KEY.fullmatch(key):  # a NUL would be a 500 at the insert
+            raise ApiError("invalid_idempotency_key",
+                           "Idempotency-Key must be printable ASCII (space to ~)")
         started = services.run_start(idempotency_key=key, **body.validated_data)
         return Response(RunSerializer(started.run).data,
                         status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK)

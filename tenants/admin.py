@@ -1,11 +1,19 @@
 """Founders' console (public schema): tenants with status and key counts, suspend/reactivate
-(change permission on Tenant); the read-only log of staff looking into tenants' runs."""
+(change permission on Tenant); the read-only log of staff looking into tenants' runs.
+
+A tenant marked superusers_only is read-only for other staff: listed, but not changed (status,
+max_in_flight, the actions), its API keys not shown, its entries of the access log not shown."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from . import services
 from .models import ApiKey, ConsoleAccess, Tenant
+from .selectors import tenants_visible_to
+
+
+def _restricted_for(request, tenant) -> bool:
+    return tenant is not None and tenant.superusers_only and not request.user.is_superuser
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -39,6 +47,15 @@ class TenantAdmin(admin.ModelAdmin):
     def active_keys(self, obj):
         return obj.key_count
 
+    def has_change_permission(self, request, obj=None):
+        return not _restricted_for(request, obj) and super().has_change_permission(request, obj)
+
+    def get_inlines(self, request, obj):
+        return [] if _restricted_for(request, obj) else super().get_inlines(request, obj)
+
+    def _changeable(self, request, queryset):
+        return queryset.filter(pk__in=tenants_visible_to(user=request.user).values("pk"))
+
     def get_readonly_fields(self, request, obj=None):
         fields = self.readonly_fields
         if obj is not None and obj.status == Tenant.Status.DELETING:
@@ -55,6 +72,7 @@ class TenantAdmin(admin.ModelAdmin):
 
     @admin.action(description="Suspend selected tenants (API access stops)", permissions=["change"])
     def suspend(self, request, queryset):
+        queryset = self._changeable(request, queryset)
         for tenant in queryset:
             services.tenant_suspend(tenant=tenant)
         messages.success(request, f"Suspended {queryset.count()} tenant(s).")
@@ -62,7 +80,7 @@ class TenantAdmin(admin.ModelAdmin):
     @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def reactivate(self, request, queryset):
         reactivated = 0
-        for tenant in queryset:
+        for tenant in self._changeable(request, queryset):
             try:
                 services.tenant_reactivate(tenant=tenant)
             except services.TenantError as exc:
@@ -80,6 +98,14 @@ class ConsoleAccessAdmin(admin.ModelAdmin):
     list_filter = ("tenant_schema", "view")
     search_fields = ("username", "tenant_schema", "run_id")
     date_hierarchy = "at"
+
+    def get_queryset(self, request):
+        # rows of tenants the user may see (a deleted tenant's rows: superusers only)
+        rows = super().get_queryset(request)
+        if request.user.is_superuser:
+            return rows
+        return rows.filter(tenant_schema__in=tenants_visible_to(user=request.user)
+                           .values("schema_name"))
 
     def has_add_permission(self, request):
         return False

@@ -1,15 +1,19 @@
-"""Request rates: per API key and per tenant (DRF throttles on the Django cache, Redis), and failed
-admin logins per client address and username. Over a rate: 429 `throttled` with Retry-After.
+"""Request rates: per API key and per tenant (fixed windows counted atomically in Redis), and failed
+admin logins per client address and username, and per username from anywhere. Over a rate: 429
+`throttled` with Retry-After.
 
 Rates are read from settings at each request (API_RATE_PER_KEY, API_RATE_PER_TENANT), so an
 operator's change, or a test's override_settings, applies at once. The cache out of reach lets
 requests through: Redis down must not take the API down with it (docs/decisions/0015)."""
 
+import hashlib
 import logging
 import math
 import time
+import uuid
 
 from django.conf import settings
+from django.contrib.auth.forms import UsernameField
 from django.core.cache import cache
 from django.http import HttpResponse
 from django.urls import reverse
@@ -19,10 +23,27 @@ from rest_framework.throttling import SimpleRateThrottle
 log = logging.getLogger(__name__)
 
 
+# One sliding window, checked and counted in one step: drop the times older than the window;
+# under the limit, add this request's time. DRF's own throttle reads the history, then writes it
+# back: requests racing between the two all got through. A refused request is not counted.
+_SLIDING_WINDOW = """
+local now, window, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= limit then
+  return redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+end
+redis.call('ZADD', KEYS[1], now, ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+return false
+"""
+
+
 class _CallerThrottle(SimpleRateThrottle):
-    """A sliding window of request times per caller, from the setting named `rate_setting`."""
+    """A sliding window of request times per caller, from the setting named `rate_setting`,
+    kept in a Redis sorted set and updated atomically (_SLIDING_WINDOW)."""
 
     rate_setting = ""
+    cache_format = "throttle-zset_%(scope)s_%(ident)s"  # not DRF's key: that held a pickled list
 
     def get_rate(self):
         return getattr(settings, self.rate_setting) or None  # empty: no limit
@@ -30,6 +51,7 @@ class _CallerThrottle(SimpleRateThrottle):
     def __init__(self):
         self.rate = self.get_rate()  # read now, not when the class was imported
         self.num_requests, self.duration = self.parse_rate(self.rate)
+        self.wait_seconds = None
 
     def ident_of(self, request) -> str | None:
         raise NotImplementedError
@@ -43,11 +65,34 @@ class _CallerThrottle(SimpleRateThrottle):
         return cls.cache_format % {"scope": cls.scope, "ident": ident}
 
     def allow_request(self, request, view):
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        now = time.time()
         try:
-            return super().allow_request(request, view)
+            oldest = _sliding_window_hit(key, now=now, window=self.duration,
+                                         limit=self.num_requests)
         except RedisError as exc:
             log.warning("throttle %s: cache unavailable, request let through: %s", self.scope, exc)
             return True
+        if oldest is None:
+            return True
+        self.wait_seconds = max(0.0, float(oldest) + self.duration - now)
+        return False
+
+    def wait(self):
+        return self.wait_seconds
+
+
+def _sliding_window_hit(key: str, *, now: float, window: int, limit: int):
+    """None if this request fits in the window (and is counted), else the oldest time in it.
+    The sorted set is at the cache's own key for `key` (so cache.delete(key) clears it), through
+    the cache's Redis connection (Django's cache API has no scripting)."""
+    full_key = cache.make_key(key)
+    client = cache._cache.get_client(full_key, write=True)
+    return client.eval(_SLIDING_WINDOW, 1, full_key, now, window, limit, uuid.uuid4().hex)
 
 
 class ApiKeyRateThrottle(_CallerThrottle):
@@ -83,45 +128,82 @@ def client_address(request) -> str:
     return request.META.get("REMOTE_ADDR", "")
 
 
+def admin_login_username(raw: str) -> str:
+    """The username as the login form reads it (Django's UsernameField: stripped, then NFKC, so
+    "ｆounder" logs in as "founder"), casefolded: every spelling that can log in as one account
+    is counted as that account."""
+    return (UsernameField().to_python(raw) or "").casefold()
+
+
+def _username_digest(username: str) -> str:
+    return hashlib.sha256(admin_login_username(username).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def admin_login_failures_key(address: str, username: str) -> str:
-    return f"admin-login-failures:{address}:{username.strip().lower()[:150]}"
+    return f"admin-login-failures:{address}:{_username_digest(username)}"
+
+
+def admin_login_username_failures_key(username: str) -> str:
+    return f"admin-login-failures:any:{_username_digest(username)}"
 
 
 class AdminLoginThrottleMiddleware:
-    """After ADMIN_LOGIN_MAX_FAILURES failed logins for one username from one address, the
-    admin login answers 429 (Retry-After) until ADMIN_LOGIN_LOCKOUT_SECONDS after the first of
-    them, even to the right password. A successful login clears the count."""
+    """Two counts of failed admin logins, each locking the login with 429 (Retry-After), even to
+    the right password, until its window (from the first failure counted) ends:
+
+    - ADMIN_LOGIN_MAX_FAILURES for one username from one address, for
+      ADMIN_LOGIN_LOCKOUT_SECONDS;
+    - ADMIN_LOGIN_USERNAME_MAX_FAILURES for one username from any address (a guesser with many
+      addresses), for the shorter ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS: anyone can fail logins
+      as any username, so this lock is kept short; a sustained attack can keep renewing it
+      (docs/decisions/0015). 0 turns it off.
+
+    The username is counted as the login form reads it (admin_login_username). A successful
+    login clears the address's count (the username's is left to expire)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
+    def _limits(self):
+        return [(settings.ADMIN_LOGIN_MAX_FAILURES, settings.ADMIN_LOGIN_LOCKOUT_SECONDS),
+                (settings.ADMIN_LOGIN_USERNAME_MAX_FAILURES,
+                 settings.ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS)]
+
     def __call__(self, request):
         if request.method != "POST" or request.path != reverse("admin:login"):
             return self.get_response(request)
-        key = admin_login_failures_key(client_address(request), request.POST.get("username", ""))
+        username = request.POST.get("username", "")
+        keys = [admin_login_failures_key(client_address(request), username),
+                admin_login_username_failures_key(username)]
+        limits = list(zip(keys, self._limits(), strict=True))
         failures = 0
         try:
-            failures = cache.get(key) or 0
-            if failures >= settings.ADMIN_LOGIN_MAX_FAILURES:
-                since = cache.get(f"{key}:since") or time.time()
-                response = HttpResponse("Too many failed logins; try again later.\n", status=429,
-                                        content_type="text/plain; charset=utf-8")
-                wait = since + settings.ADMIN_LOGIN_LOCKOUT_SECONDS - time.time()
-                response["Retry-After"] = str(max(1, math.ceil(wait)))
-                return response
+            counts = cache.get_many(keys)
+            failures = counts.get(keys[0]) or 0
+            for key, (most, lockout) in limits:
+                if most and (counts.get(key) or 0) >= most:
+                    since = cache.get(f"{key}:since") or time.time()
+                    response = HttpResponse("Too many failed logins; try again later.\n",
+                                            status=429, content_type="text/plain; charset=utf-8")
+                    wait = since + lockout - time.time()
+                    response["Retry-After"] = str(max(1, math.ceil(wait)))
+                    return response
         except RedisError as exc:
             log.warning("admin login throttle: cache unavailable: %s", exc)
         response = self.get_response(request)
         try:
             if response.status_code == 200:  # the form again: the login failed
-                lockout = settings.ADMIN_LOGIN_LOCKOUT_SECONDS
-                cache.add(f"{key}:since", time.time(), timeout=lockout)
-                cache.add(key, 0, timeout=lockout)
-                cache.incr(key)  # atomic in Redis: parallel guesses are all counted
+                for key, (most, lockout) in limits:
+                    if not most:
+                        continue
+                    try:
+                        cache.add(f"{key}:since", time.time(), timeout=lockout)
+                        cache.add(key, 0, timeout=lockout)
+                        cache.incr(key)  # atomic in Redis: parallel guesses are all counted
+                    except ValueError:
+                        pass  # the count expired between add and incr: no new window
             elif failures and 300 <= response.status_code < 400:  # logged in: redirected on
-                cache.delete_many([key, f"{key}:since"])
-        except ValueError:
-            pass  # the count expired between add and incr: this failure starts no new window
+                cache.delete_many([keys[0], f"{keys[0]}:since"])
         except RedisError as exc:
             log.warning("admin login throttle: cache unavailable: %s", exc)
         return response

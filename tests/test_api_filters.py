@@ -2,9 +2,11 @@
 the schema says: a bad one is a 400 in the API's error shape that names it, never a 500 and never
 a silently unfiltered list (docs/decisions/0016-api-contract.md)."""
 
+import base64
 import uuid
 
 import pytest
+from django.test import Client
 
 from runs.services import run_start
 
@@ -90,3 +92,67 @@ def test_starting_a_run_of_an_agent_that_is_not_registered_is_404_unknown_agent(
         answer = acme_api.post("/api/v1/runs", body, format="json")
         assert answer.status_code == 404, body
         assert answer.json()["error"]["code"] == "unknown_agent"
+
+
+def forged_cursor(position: str) -> str:
+    return base64.b64encode(f"o=0&r=0&p={position}".encode()).decode()
+
+
+@pytest.mark.parametrize(("path", "position"), [
+    ("/api/v1/runs", "notadate"), ("/api/v1/approvals", "notadate"),
+    ("/api/v1/outbox", "2026-13-45"), ("/api/v1/runs/{run}/events", "x"),
+    ("/api/v1/runs/{run}/checkpoints", "x"),
+    ("/api/v1/runs/{run}/checkpoints", "99999999999999999999999"),
+])
+def test_a_cursor_whose_position_is_no_value_of_the_ordering_is_404(acme_api, acme_run_id, path,
+                                                                    position):
+    acme_api.raise_request_exception = False
+    answer = acme_api.get(f"{path.format(run=acme_run_id)}?cursor={forged_cursor(position)}")
+    assert answer.status_code == 404, answer.content[:300]
+    assert answer.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/api/v1/credentials/stripe/a%00b"), ("GET", "/api/v1/credentials/st%00ripe/default"),
+    ("PUT", "/api/v1/credentials/stripe/a%00b"), ("DELETE", "/api/v1/credentials/stripe/a%00b"),
+    ("GET", "/api/v1/credentials/stripe/" + "a" * 5000),
+    ("GET", "/api/v1/credentials/no-such-connector/default"),
+    ("DELETE", "/api/v1/credentials/no-such-connector/default"),
+])
+def test_a_credential_path_no_credential_can_have_is_404(acme_api, method, path):
+    acme_api.raise_request_exception = False
+    answer = acme_api.generic(method, path, '{"secrets": {"k": "v"}}',
+                              content_type="application/json")
+    assert answer.status_code == 404, answer.content[:300]
+    assert answer.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("key", ["a\x00b", "caf\xe9", "\xe9" * 255, "tab\there"])
+def test_an_idempotency_key_that_is_not_printable_ascii_is_400(acme_api, key):
+    acme_api.raise_request_exception = False
+    answer = acme_api.post("/api/v1/runs", {"agent": "research"}, format="json",
+                           HTTP_IDEMPOTENCY_KEY=key)
+    assert answer.status_code == 400, answer.content[:300]
+    assert answer.json()["error"]["code"] == "invalid_idempotency_key"
+
+
+def test_what_django_refuses_before_a_view_is_json_under_the_api_and_html_in_the_admin(acme_api):
+    acme_api.raise_request_exception = False
+    many = "&".join(f"a{i}=1" for i in range(1100))  # over DATA_UPLOAD_MAX_NUMBER_FIELDS
+    for answer in (acme_api.get("/api/v1/runs?" + many),
+                   acme_api.get("/api/v1/runs", HTTP_HOST="evil.example")):
+        assert answer.status_code == 400
+        assert answer["Content-Type"] == "application/json", answer.content[:200]
+        assert answer.json()["error"]["code"] == "bad_request"
+    admin = Client(raise_request_exception=False).get("/admin/login/", HTTP_HOST="evil.example")
+    assert admin.status_code == 400 and admin["Content-Type"].startswith("text/html")
+
+
+def test_the_schema_views_errors_are_json(acme_api):
+    client = Client(raise_request_exception=False)
+    for answer, status in ((client.get("/api/v1/schema?format=bogus"), 404),
+                           (client.post("/api/v1/schema", {}), 405)):
+        assert answer.status_code == status
+        assert answer["Content-Type"] == "application/json", answer.content[:200]
+        assert "code" in answer.json()["error"]
+    assert client.get("/api/v1/schema").status_code == 200

@@ -71,3 +71,21 @@ def test_nesting_over_the_depth_limit_is_400_and_under_it_is_accepted(acme_api):
     fine = acme_api.post("/api/v1/events", {"kind": "docs.nested", "key": str(uuid.uuid4()),
                                             "payload": nested(20)}, format="json")
     assert fine.status_code == 202, fine.content
+
+
+def test_numbers_a_double_cannot_hold_and_lone_surrogates_are_400_not_500(acme_api):
+    acme_api.raise_request_exception = False
+    for body in ['{"kind":"docs.x","key":"k","payload":{"x":1e400}}',
+                 '{"kind":"docs.x","key":"k","payload":{"x":[-1e999]}}',
+                 '{"kind":"docs.x","key":"k","payload":{"x":"\\ud800"}}',
+                 '{"kind":"docs.x","key":"\\udfff","payload":{}}',
+                 '{"kind":"docs.x","key":"k","payload":{"\\udbff":1}}']:
+        response = acme_api.post("/api/v1/events", body, content_type="application/json")
+        assert error_of(response) == (400, "parse_error"), body
+    run = acme_api.post("/api/v1/runs", '{"agent":"research","input":{"q":"\\ud800"}}',
+                        content_type="application/json")
+    assert error_of(run) == (400, "parse_error")
+    body = '{"kind":"docs.x","key":"KEY","payload":{"x":"\\ud83d\\ude00","big":1e300}}'
+    paired = acme_api.post("/api/v1/events", body.replace("KEY", str(uuid.uuid4())),
+                           content_type="application/json")
+    assert paired.status_code == 202, paired.content  # a pair is one character: stored

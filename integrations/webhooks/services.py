@@ -32,6 +32,7 @@ from django_tenants.utils import tenant_context
 
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
+from agentplatform.parsers import json_shape
 from runs.approvals.services import ApprovalError, approval_decide, event_deliver
 from tenants.models import Tenant
 
@@ -141,6 +142,8 @@ def slack_request_verify(*, connection: SlackConnection, timestamp: str | None,
         raise WebhookRejected("missing_signature",
                               "X-Slack-Signature and X-Slack-Request-Timestamp are required.")
     try:
+        if len(timestamp) > 20:  # no time: and past a float's range, `now - sent` overflows
+            raise ValueError(timestamp)
         sent = int(timestamp)
     except ValueError:
         raise WebhookRejected("invalid_timestamp", "X-Slack-Request-Timestamp is not a number.") from None
@@ -180,11 +183,22 @@ class Accepted:
     challenge: str | None = None
 
 
-def _json(body: bytes) -> Any:
+def _json(body: bytes | str, what: str = "The body") -> Any:
+    """Parsed JSON that can be stored: nested at most API_JSON_MAX_DEPTH deep (far deeper is a
+    RecursionError in Python's parser), no U+0000, no lone surrogate, no infinite number;
+    anything else is malformed_body (400)."""
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise WebhookRejected("malformed_body", "The body is not JSON.") from None
+        raise WebhookRejected("malformed_body", f"{what} is not JSON.") from None
+    except RecursionError:
+        raise WebhookRejected("malformed_body", f"{what} is nested too deeply.") from None
+    depth, unstorable = json_shape(value)
+    if depth > settings.API_JSON_MAX_DEPTH:
+        raise WebhookRejected("malformed_body", f"{what} is nested too deeply.")
+    if unstorable:
+        raise WebhookRejected("malformed_body", unstorable)
+    return value
 
 
 def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> Accepted:
@@ -231,9 +245,10 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
                          timestamp=headers.get("X-Slack-Request-Timestamp"),
                          signature=headers.get("X-Slack-Signature"))
     try:
-        payload = json.loads(parse_qs(body.decode())["payload"][0])
+        field = parse_qs(body.decode())["payload"][0]
     except (KeyError, IndexError, ValueError, UnicodeDecodeError):
         raise WebhookRejected("malformed_body", "Expected a form field `payload` with JSON.") from None
+    payload = _json(field, "The form field `payload`")
     if not isinstance(payload, dict):
         raise WebhookRejected("malformed_body", "`payload` is not a JSON object.")
     team, user, actions = (payload.get("team") or {}, payload.get("user") or {},
@@ -293,7 +308,7 @@ def gmail_push_accept(*, connection: GmailConnection, body: bytes, authorization
         raise WebhookRejected("malformed_body", "Expected a Pub/Sub push envelope.")
     message_id = message.get("messageId") or message.get("message_id")
     try:
-        data = json.loads(base64.b64decode(message.get("data") or "", validate=True))
+        data = _json(base64.b64decode(message.get("data") or "", validate=True), "message.data")
         mailbox, history_id = str(data["emailAddress"]).strip().lower(), data["historyId"]
     except (binascii.Error, ValueError, TypeError, KeyError, UnicodeDecodeError):
         raise WebhookRejected("malformed_body",

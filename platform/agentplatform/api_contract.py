@@ -6,13 +6,17 @@ security scheme, and query filters and pages that are validated (400 invalid_fil
 import re
 from collections.abc import Mapping
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import JSONRenderer
 
 from agentplatform.api_errors import ApiError
 
@@ -137,9 +141,12 @@ class StrictStrings:
 class ValidatedCursorPagination(CursorPagination):
     """Cursor pages whose `limit` is validated: a bad one is 400 invalid_filter, not silently the
     default page. `cursor` is opaque, so no schema can say which are valid: one this API did not
-    give out is no such page, 404 (DRF's answer)."""
+    give out is no such page, 404 (DRF's answer); so is one whose position is not a value of the
+    ordering field (a date that is no date, a number that is no number), never a 500 at the
+    database."""
 
     page_size_query_param = "limit"
+    model = None
 
     def paginate_queryset(self, queryset, request, view=None):
         filters = getattr(view, "filter_serializer_class", None)
@@ -149,7 +156,20 @@ class ValidatedCursorPagination(CursorPagination):
             raise ApiError("invalid_filter", f"unknown query parameter: {', '.join(unknown)}; "
                            f"this list takes {', '.join(sorted(known))}",
                            fields={name: ["not a parameter of this list"] for name in unknown})
+        self.model = queryset.model
         return super().paginate_queryset(queryset, request, view)
+
+    def decode_cursor(self, request):
+        cursor = super().decode_cursor(request)
+        if cursor is None or cursor.position is None or self.model is None:
+            return cursor
+        field = self.model._meta.get_field(self.ordering[0].lstrip("-"))
+        try:
+            value = field.to_python(cursor.position)
+            field.run_validators(value)
+        except (ValidationError, TypeError, ValueError, OverflowError):
+            raise NotFound(self.invalid_cursor_message) from None
+        return cursor
 
     def get_page_size(self, request):
         raw = request.query_params.get(self.page_size_query_param)
@@ -173,3 +193,16 @@ class ValidatedCursorPagination(CursorPagination):
                 parameter["description"] = ("Opaque: from a page's `next` or `previous` link. One "
                                             "this API did not give out is 404.")
         return parameters
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI document (YAML or JSON); its errors (`?format=bogus` 404, a POST 405) in the
+    API's JSON error shape, not rendered as YAML."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if response.status_code >= 400:
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = "application/json"
+            response.renderer_context = self.get_renderer_context()
+        return response

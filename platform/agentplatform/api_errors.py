@@ -122,16 +122,35 @@ def _answered_by_django(request) -> bool:
     return not request.path.startswith("/api/")
 
 
+def _api_error(code: str, message: str, status_code: int) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status_code)
+
+
+def bad_request(request, exception=None):
+    """handler400: what Django refuses before a view (a Host not in ALLOWED_HOSTS, more query
+    parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS, another SuspiciousOperation) answers in the
+    API's shape under /api/. The message names no detail: the exception's text may echo input."""
+    if _answered_by_django(request):
+        return django_defaults.bad_request(request, exception)
+    return _api_error("bad_request", "The request is malformed or not allowed.", 400)
+
+
+def permission_denied(request, exception=None):
+    """handler403: Django's PermissionDenied (not DRF's, which the API's handler answers)."""
+    if _answered_by_django(request):
+        return django_defaults.permission_denied(request, exception)
+    return _api_error("permission_denied", "You may not do this.", 403)
+
+
 def page_not_found(request, exception=None):
     """handler404: a path under /api/ that matches no route answers in the API's shape too."""
     if _answered_by_django(request):
         return django_defaults.page_not_found(request, exception)
-    return JsonResponse({"error": {"code": "not_found", "message": "No such path."}}, status=404)
+    return _api_error("not_found", "No such path.", 404)
 
 
 def server_error(request):
     """handler500: an unexpected failure under /api/ still answers in the API's shape."""
     if _answered_by_django(request):
         return django_defaults.server_error(request)
-    return JsonResponse({"error": {"code": "server_error", "message": "Internal server error."}},
-                        status=500)
+    return _api_error("server_error", "Internal server error.", 500)

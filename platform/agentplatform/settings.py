@@ -144,6 +144,9 @@ API_RATE_PER_KEY = env("API_RATE_PER_KEY", default="1200/minute")
 API_RATE_PER_TENANT = env("API_RATE_PER_TENANT", default="3000/minute")
 ADMIN_LOGIN_MAX_FAILURES = env.int("ADMIN_LOGIN_MAX_FAILURES", default=5)
 ADMIN_LOGIN_LOCKOUT_SECONDS = env.int("ADMIN_LOGIN_LOCKOUT_SECONDS", default=900)
+# one username from any address: short, since anyone can fail logins as any username
+ADMIN_LOGIN_USERNAME_MAX_FAILURES = env.int("ADMIN_LOGIN_USERNAME_MAX_FAILURES", default=20)
+ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS = env.int("ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS", default=300)
 # Proxies in front of the web server that append to X-Forwarded-For (0: use REMOTE_ADDR).
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # The rates' counters: Redis (the broker's server unless CACHE_URL says otherwise), own prefix.

@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from agentplatform import (
-    api_contract,  # noqa: F401  registers the API key's security scheme
+    api_contract,  # also registers the API key's security scheme
     health,
 )
 from integrations import api as integrations_api
@@ -15,7 +15,7 @@ from runs.effects import api as effects_api
 from runs.retention import api as retention_api
 
 api_v1 = [
-    path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+    path("schema", api_contract.SchemaView.as_view(authentication_classes=[], permission_classes=[]),
          name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
                                                 permission_classes=[]), name="docs"),
@@ -61,5 +61,8 @@ urlpatterns = [
     path("webhooks/", include(webhooks)),
 ]
 
+# Under /api/ every error is the API's JSON shape; elsewhere (the admin) Django's own pages.
+handler400 = "agentplatform.api_errors.bad_request"
+handler403 = "agentplatform.api_errors.permission_denied"
 handler404 = "agentplatform.api_errors.page_not_found"
 handler500 = "agentplatform.api_errors.server_error"

@@ -1,5 +1,7 @@
 """Operators' console (public schema): archive status, sizes and failures per tenant, read-only.
-Each row queries that tenant's schema."""
+Each row queries that tenant's schema. A tenant's last failure names one of its runs and the
+archiver's error text: each one shown is written to the access log (tenants.ConsoleAccess,
+view "archive_failure"), as a look into that tenant's runs."""
 
 from django.contrib import admin
 from django.db import DatabaseError
@@ -7,6 +9,7 @@ from django.template.defaultfilters import filesizeformat
 from django_tenants.utils import schema_context
 
 from tenants.selectors import tenants_visible_to
+from tenants.services import console_access_record
 
 from . import selectors
 from .models import TenantArchives
@@ -24,6 +27,19 @@ class TenantArchivesAdmin(admin.ModelAdmin):
         # a superusers_only tenant's archive summary (its failures name runs) is theirs too
         visible = tenants_visible_to(user=request.user).values("pk")
         return super().get_queryset(request).filter(pk__in=visible)
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is None:  # a redirect, an error page: no tenant's failures shown
+            return response
+        response.render()  # the summaries are read while rendering: then log what was shown
+        for tenant in changelist.result_list:
+            failure = getattr(tenant, "_archive_summary", {}).get("last_failure")
+            if failure:
+                console_access_record(user=request.user, tenant=tenant, view="archive_failure",
+                                      path=request.get_full_path(), run_ids=[failure["run_id"]])
+        return response
 
     def _summary(self, obj) -> dict:
         if not hasattr(obj, "_archive_summary"):

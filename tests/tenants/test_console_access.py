@@ -9,8 +9,9 @@ from django.db import DatabaseError, transaction
 from django.test import Client
 from django_tenants.utils import tenant_context
 
+from runs.models import Run
 from runs.services import run_start
-from tenants.models import ConsoleAccess, Tenant
+from tenants.models import ApiKey, ConsoleAccess, Tenant
 from tenants.services import tenant_reactivate
 
 PASSWORD = "correct horse battery staple"
@@ -122,3 +123,42 @@ def test_only_superusers_can_change_who_sees_a_tenant(globex):
     founder, _ = logged_in(superuser=True)
     page = founder.get(f"/admin/tenants/tenant/{globex.pk}/change/").content.decode()
     assert 'name="superusers_only"' in page
+
+
+def test_an_action_on_all_matching_runs_is_logged_as_that_with_its_filters(globex):
+    with tenant_context(globex):
+        runs = [run_start(agent="research", enqueue=False).run for _ in range(2)]
+    client, user = logged_in(permissions=("view_run", "change_run"))
+    client.get("/admin/runs/run/tenant/globex/")
+    decoy = uuid.uuid4()  # ticked, but select_across acts on every run the filters match
+    client.post("/admin/runs/run/?agent=research", {
+        "action": "cancel", "select_across": "1", "index": "0", "_selected_action": [str(decoy)]})
+    rows = list(ConsoleAccess.objects.filter(user_id=user.pk, view__contains="_action")
+                .values_list("view", "run_id", "path"))
+    assert rows == [("run_action_all:cancel", None, "/admin/runs/run/?agent=research")]
+    with tenant_context(globex):
+        assert {Run.objects.get(id=run.id).cancel_requested for run in runs} == {True}
+
+
+def test_other_staff_neither_read_the_log_of_nor_change_a_superusers_only_tenant(
+        acme, globex, globex_run, globex_superusers_only):
+    key_prefix = ApiKey.objects.filter(tenant=globex).values_list("prefix", flat=True).first()
+    assert key_prefix
+    founder, _ = logged_in(superuser=True)
+    founder.get("/admin/runs/run/tenant/globex/")
+    founder.get(f"/admin/runs/run/{globex_run.id}/change/")
+    founder.get("/admin/runs/run/tenant/acme/")
+    staff, _ = logged_in(permissions=("view_consoleaccess", "view_tenant", "change_tenant"))
+    log = staff.get("/admin/tenants/consoleaccess/").content.decode()
+    assert str(globex_run.id) not in log and "globex" not in log and "acme" in log
+    assert str(globex_run.id) in founder.get("/admin/tenants/consoleaccess/").content.decode()
+
+    page = staff.get(f"/admin/tenants/tenant/{globex.pk}/change/")
+    assert page.status_code == 200  # read-only: no form to save, no API keys
+    assert 'name="_save"' not in page.content.decode() and key_prefix not in page.content.decode()
+    staff.post(f"/admin/tenants/tenant/{globex.pk}/change/",
+               {"name": globex.name, "status": "suspended", "max_in_flight": 1})
+    staff.post("/admin/tenants/tenant/", {"action": "suspend", "_selected_action": [globex.pk]})
+    after = Tenant.objects.get(pk=globex.pk)
+    assert (after.status, after.max_in_flight) == (globex.status, globex.max_in_flight)
+    assert key_prefix in founder.get(f"/admin/tenants/tenant/{globex.pk}/change/").content.decode()

@@ -3,6 +3,7 @@
 import json
 import time
 import uuid
+from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
@@ -65,6 +66,32 @@ def test_forged_signature_and_stale_timestamps_are_rejected_and_record_nothing(a
                              content_type="application/json")
     assert unsigned.status_code == 401
     assert not SlackEventSeen.objects.filter(event_id=event_id).exists()
+
+
+def test_a_timestamp_of_hundreds_of_digits_is_refused_not_a_500(acme_slack):
+    response = Client(raise_request_exception=False).post(
+        f"/webhooks/slack/{acme_slack.id}/events", b"{}", content_type="application/json",
+        HTTP_X_SLACK_REQUEST_TIMESTAMP="9" * 400, HTTP_X_SLACK_SIGNATURE="v0=00")
+    assert response.status_code == 401, response.content[:200]
+    assert response.json()["error"]["code"] == "invalid_timestamp"
+
+
+@pytest.mark.parametrize("json_text", ["[" * 100_000 + "]" * 100_000,
+                                       '{"a":' * 40 + "1" + "}" * 40, '{"type":"x","t":"\\u0000"}',
+                                       '{"type":"x","t":"\\ud800"}', '{"type":"x","n":1e400}'],
+                         ids=["recursion", "deep", "nul", "surrogate", "infinity"])
+def test_a_signed_body_that_cannot_be_stored_is_400_malformed_body(acme_slack, json_text):
+    client = Client(raise_request_exception=False)
+    body = json_text.encode()
+    events = client.post(f"/webhooks/slack/{acme_slack.id}/events", body,
+                         content_type="application/json", **signed_headers(SECRET, body))
+    form = urlencode({"payload": json_text}).encode()
+    clicks = client.post(f"/webhooks/slack/{acme_slack.id}/interactivity", form,
+                         content_type="application/x-www-form-urlencoded",
+                         **signed_headers(SECRET, form))
+    for response in (events, clicks):
+        assert response.status_code == 400, response.content[:200]
+        assert response.json()["error"]["code"] == "malformed_body"
 
 
 def test_unknown_connection_is_404_json():
