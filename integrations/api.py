@@ -74,13 +74,18 @@ class CredentialList(APIView):
 class CredentialDetail(APIView):
     """A path no credential can have (a label outside its pattern, a connector name that is no
     name, or for GET and DELETE no connector of the platform's) is 404 before any query: a NUL
-    in the path must not reach PostgreSQL."""
+    in the path must not reach PostgreSQL. A PUT under a label outside its pattern is 400
+    `invalid_label`: the request, not the credential, is wrong."""
 
     required_scopes = {"GET": Scope.ADMIN, "PUT": Scope.ADMIN, "DELETE": Scope.ADMIN}
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # the key and its scopes first
         connector, label = kwargs["connector"], kwargs["label"]
+        if request.method == "PUT" and not _whole(services.LABEL).fullmatch(label):
+            # writing under a label no credential may have is a bad request, not a missing one
+            raise ApiError("invalid_label",
+                           f"{label!r} is not a valid label: 1-100 letters, digits, '.', '_' or '-'")
         if not (_whole(services.NAME).fullmatch(connector)
                 and _whole(services.LABEL).fullmatch(label)):
             raise ApiError("not_found", "No such credential.")

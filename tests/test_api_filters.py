@@ -114,7 +114,7 @@ def test_a_cursor_whose_position_is_no_value_of_the_ordering_is_404(acme_api, ac
 
 @pytest.mark.parametrize(("method", "path"), [
     ("GET", "/api/v1/credentials/stripe/a%00b"), ("GET", "/api/v1/credentials/st%00ripe/default"),
-    ("PUT", "/api/v1/credentials/stripe/a%00b"), ("DELETE", "/api/v1/credentials/stripe/a%00b"),
+    ("DELETE", "/api/v1/credentials/stripe/a%00b"),
     ("GET", "/api/v1/credentials/stripe/" + "a" * 5000),
     ("GET", "/api/v1/credentials/no-such-connector/default"),
     ("DELETE", "/api/v1/credentials/no-such-connector/default"),
@@ -125,6 +125,13 @@ def test_a_credential_path_no_credential_can_have_is_404(acme_api, method, path)
                               content_type="application/json")
     assert answer.status_code == 404, answer.content[:300]
     assert answer.json()["error"]["code"] == "not_found"
+
+
+def test_writing_a_credential_under_a_label_no_credential_can_have_is_400(acme_api):
+    acme_api.raise_request_exception = False
+    answer = acme_api.put("/api/v1/credentials/stripe/a%00b", {"secrets": {"k": "v"}}, format="json")
+    assert answer.status_code == 400, answer.content[:300]
+    assert answer.json()["error"]["code"] == "invalid_label"
 
 
 @pytest.mark.parametrize("key", ["a\x00b", "caf\xe9", "\xe9" * 255, "tab\there"])
