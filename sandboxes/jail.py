@@ -24,7 +24,7 @@ import signal
 import stat
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -487,10 +487,17 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     before = workspace_listing(workspace)
     if files:
         workspace_write(workspace, files, uid=host_uid())
-    # Over quota means over the limit and grown by this command (a full workspace can still run).
+    # A call that starts over quota is refused: nothing runs, the quota never grows to fit.
     used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files)
-    quota_bytes = max(limits.workspace_bytes, used_bytes)
-    quota_files = max(limits.max_files, used_files)
+    if used_bytes > limits.workspace_bytes or used_files > limits.max_files:
+        raise SandboxError(
+            f"the workspace is over its quota ({used_bytes} bytes of {limits.workspace_bytes}, "
+            f"{'more than ' if used_files > limits.max_files else ''}{used_files} entries of "
+            f"{limits.max_files}); nothing was run")
+    # No single file may outgrow what is left of the quota (RLIMIT_FSIZE; fallocate too).
+    limits = replace(limits, file_size_bytes=min(limits.file_size_bytes,
+                                                 limits.workspace_bytes - used_bytes))
+    quota_bytes, quota_files = limits.workspace_bytes, limits.max_files
     try:
         cgroup = _jail_cgroup(cgroups, limits)
     except CgroupUnavailable as exc:
@@ -536,7 +543,7 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     with selectors.DefaultSelector() as selector:
         for stream in outputs:
             selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map():
+        while True:  # until the jail exits: a command that closes its output is still checked
             now = time.monotonic()
             if now >= deadline:
                 hit["timed_out"] = stop = True
@@ -546,7 +553,14 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
                 if check():
                     stop = True
                     break
-            for key, _ in selector.select(timeout=min(deadline - now, DISK_CHECK_SECONDS)):
+            wait = min(deadline - now, DISK_CHECK_SECONDS)
+            if not selector.get_map():
+                try:
+                    process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            for key, _ in selector.select(timeout=wait):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
