@@ -583,18 +583,28 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
         stream.close()
     duration_ms = (time.monotonic() - started) * 1000
     check()
-    stdout = outputs[process.stdout].decode(errors="replace")
-    stderr = outputs[process.stderr].decode(errors="replace")
+    stdout, stderr = _text(outputs[process.stdout]), _text(outputs[process.stderr])
     after = workspace_listing(workspace)
     return SandboxResult(
         exit_code=exit_code, stdout=stdout, stderr=stderr,
         limit=_limit_of(exit_code, stderr, **hit),
         stdout_truncated=truncated[process.stdout], stderr_truncated=truncated[process.stderr],
-        changed_files=sorted(p for p, meta in after.items()
+        changed_files=sorted(_name(p) for p, meta in after.items()
                              if before.get(p) != meta and not _is_dir(meta)),
-        deleted_files=sorted(p for p in before.keys() - after.keys()),
+        deleted_files=sorted(_name(p) for p in before.keys() - after.keys()),
         duration_ms=round(duration_ms, 3),
     )
+
+
+def _text(output: bytes) -> str:
+    """A command's output as text PostgreSQL stores: invalid UTF-8 and NUL become U+FFFD."""
+    return output.decode(errors="replace").replace("\0", "\ufffd")
+
+
+def _name(path: str) -> str:
+    """A file name as text PostgreSQL stores: bytes that are not UTF-8 (os.fsdecode's
+    surrogates) are written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _is_dir(meta: tuple[int, int, int]) -> bool:

@@ -39,7 +39,7 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 
 from agentplatform.s3 import s3_client
 from tenants.models import Tenant
@@ -548,13 +548,20 @@ class SandboxSession:
                               rules=tuple(egress_rules()))
         result = sandbox_execute(workspace=self.local.path, command=command, files=files,
                                  limits=Limits.from_settings(timeout=timeout), egress=egress)
-        row = SandboxExecution.objects.create(
-            run_id=self.run_id, visit=self.visit, scope=self.scope, name=name, command=recorded,
-            exit_code=result.exit_code, limit=result.limit or "", stdout=result.stdout,
-            stderr=result.stderr, stdout_truncated=result.stdout_truncated,
-            stderr_truncated=result.stderr_truncated, changed_files=result.changed_files,
-            deleted_files=result.deleted_files, duration_ms=result.duration_ms,
-        )
+        try:
+            with transaction.atomic():  # a savepoint: a refused row leaves the step's transaction
+                row = SandboxExecution.objects.create(
+                    run_id=self.run_id, visit=self.visit, scope=self.scope, name=name,
+                    command=recorded, exit_code=result.exit_code, limit=result.limit or "",
+                    stdout=result.stdout, stderr=result.stderr,
+                    stdout_truncated=result.stdout_truncated,
+                    stderr_truncated=result.stderr_truncated,
+                    changed_files=result.changed_files, deleted_files=result.deleted_files,
+                    duration_ms=result.duration_ms,
+                )
+        except DataError as exc:  # the jail's output is sanitized; this is a last resort
+            raise SandboxError(f"sandbox call {name!r} ran, but its outcome cannot be "
+                               f"recorded: {exc.__class__.__name__}") from exc
         changed = bool(files or result.changed_files or result.deleted_files)
         self.local.meta_write(**{
             **meta, "applied": meta["applied"] + [row.id],
