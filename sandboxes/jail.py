@@ -31,6 +31,8 @@ from typing import Any
 
 from django.conf import settings
 
+from agentplatform.trees import TreeTooDeep, tree_walk
+
 from .cgroups import CgroupHost, CgroupUnavailable, JailCgroup, cgroup_host, cgroups_sweep
 from .egress import FORWARDER, JAIL_SOCKET, PROXY_PORT, EgressPolicy, EgressProxy
 
@@ -49,6 +51,10 @@ class SandboxError(RuntimeError):
     """A sandbox call that cannot be made as asked (bad arguments, a reused name)."""
 
 
+class WorkspaceTooDeep(SandboxError):
+    """The workspace nests directories deeper than SANDBOX_WORKSPACE_MAX_DEPTH."""
+
+
 class Limit(StrEnum):
     TIMEOUT = "timeout"
     CPU = "cpu"
@@ -58,6 +64,7 @@ class Limit(StrEnum):
     PROCESSES = "processes"
     OPEN_FILES = "open_files"
     FILES = "files"
+    DEPTH = "depth"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class Limits:
     output_bytes: int
     max_files: int
     cpus: float
+    max_depth: int
 
     @classmethod
     def from_settings(cls, **overrides) -> "Limits":
@@ -88,6 +96,7 @@ class Limits:
             "output_bytes": settings.SANDBOX_OUTPUT_MAX_BYTES,
             "max_files": settings.SANDBOX_WORKSPACE_MAX_FILES,
             "cpus": settings.SANDBOX_CPUS,
+            "max_depth": settings.SANDBOX_WORKSPACE_MAX_DEPTH,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -364,36 +373,35 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
     return argv
 
 
-def _workspace_entries(workspace: Path):
-    """(relative path, lstat) of every entry below `workspace`; symlinks are never followed."""
-    stack = [workspace]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            yield os.path.relpath(entry.path, workspace), info
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
+def _workspace_entries(workspace: Path, *, max_depth: int | None = None,
+                       too_deep: list[str] | None = None):
+    """(relative path, lstat) of every entry below `workspace`; symlinks are never followed.
+    fd-relative and without recursion (agentplatform.trees): a directory nested deeper than
+    `max_depth` (default SANDBOX_WORKSPACE_MAX_DEPTH) raises WorkspaceTooDeep, or with a
+    `too_deep` list is noted there and not entered."""
+    depth = settings.SANDBOX_WORKSPACE_MAX_DEPTH if max_depth is None else max_depth
+    try:
+        for rel, info, _, _ in tree_walk(workspace, max_depth=depth, too_deep=too_deep):
+            yield rel, info
+    except TreeTooDeep as exc:
+        raise WorkspaceTooDeep(f"the workspace nests directories more than {depth} deep, over "
+                               "its quota (SANDBOX_WORKSPACE_MAX_DEPTH)") from exc
 
 
-def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
-    """relative path -> (mode, size, mtime_ns) for every entry."""
+def workspace_listing(workspace: Path, *, max_depth: int | None = None,
+                      ) -> dict[str, tuple[int, int, int]]:
+    """relative path -> (mode, size, mtime_ns) for every entry (none below `max_depth`)."""
     return {rel: (info.st_mode, info.st_size, info.st_mtime_ns)
-            for rel, info in _workspace_entries(workspace)}
+            for rel, info in _workspace_entries(workspace, max_depth=max_depth, too_deep=[])}
 
 
-def workspace_usage(workspace: Path, *, max_files: int | None = None) -> tuple[int, int]:
+def workspace_usage(workspace: Path, *, max_files: int | None = None,
+                    max_depth: int | None = None) -> tuple[int, int]:
     """(apparent bytes, entries) below `workspace`. Apparent: a sparse file counts its whole
-    size, as a snapshot would have to hold it. Stops counting past `max_files` entries."""
+    size, as a snapshot would have to hold it. Stops counting past `max_files` entries; raises
+    WorkspaceTooDeep for directories nested deeper than `max_depth`."""
     size = count = 0
-    for _, info in _workspace_entries(workspace):
+    for _, info in _workspace_entries(workspace, max_depth=max_depth):
         count += 1
         if not stat.S_ISDIR(info.st_mode):
             size += info.st_size
@@ -427,12 +435,14 @@ _MARKERS = (
 
 
 def _limit_of(exit_code: int, stderr: str, *, timed_out: bool, disk_full: bool,
-              too_many_files: bool = False, oom_killed: bool = False,
+              too_many_files: bool = False, too_deep: bool = False, oom_killed: bool = False,
               pids_refused: bool = False) -> str | None:
     if disk_full:
         return Limit.DISK
     if too_many_files:
         return Limit.FILES
+    if too_deep:
+        return Limit.DEPTH
     if oom_killed:  # the cgroup's memory limit: the kernel killed a process of the jail
         return Limit.MEMORY
     if pids_refused:  # the cgroup refused a fork at pids.max, whatever the command said
@@ -484,11 +494,12 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     cgroups = sandbox_probe()
     argv = _command_argv(command)
     _workspace_prepare(workspace)
-    before = workspace_listing(workspace)
+    before = workspace_listing(workspace, max_depth=limits.max_depth)
     if files:
         workspace_write(workspace, files, uid=host_uid())
     # A call that starts over quota is refused: nothing runs, the quota never grows to fit.
-    used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files)
+    used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files,
+                                             max_depth=limits.max_depth)  # or WorkspaceTooDeep
     if used_bytes > limits.workspace_bytes or used_files > limits.max_files:
         raise SandboxError(
             f"the workspace is over its quota ({used_bytes} bytes of {limits.workspace_bytes}, "
@@ -525,13 +536,18 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     outputs = {process.stdout: bytearray(), process.stderr: bytearray()}
     truncated = {process.stdout: False, process.stderr: False}
     hit = {"timed_out": False, "disk_full": False, "too_many_files": False,
-           "oom_killed": False, "pids_refused": False}
+           "too_deep": False, "oom_killed": False, "pids_refused": False}
 
     def check() -> bool:
         """Mark the limits the jail has hit; True if it must be stopped."""
-        size, count = workspace_usage(workspace, max_files=quota[1])
-        hit["disk_full"] = hit["disk_full"] or size > quota[0]
-        hit["too_many_files"] = hit["too_many_files"] or count > quota[1]
+        try:
+            size, count = workspace_usage(workspace, max_files=quota[1],
+                                          max_depth=limits.max_depth)
+        except WorkspaceTooDeep:
+            hit["too_deep"] = True
+        else:
+            hit["disk_full"] = hit["disk_full"] or size > quota[0]
+            hit["too_many_files"] = hit["too_many_files"] or count > quota[1]
         if cgroup is not None:
             hit["oom_killed"] = hit["oom_killed"] or cgroup.oom_kills() > 0
             hit["pids_refused"] = hit["pids_refused"] or cgroup.pids_refused() > 0
@@ -584,7 +600,7 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     duration_ms = (time.monotonic() - started) * 1000
     check()
     stdout, stderr = _text(outputs[process.stdout]), _text(outputs[process.stderr])
-    after = workspace_listing(workspace)
+    after = workspace_listing(workspace, max_depth=limits.max_depth)
     return SandboxResult(
         exit_code=exit_code, stdout=stdout, stderr=stderr,
         limit=_limit_of(exit_code, stderr, **hit),
@@ -670,10 +686,20 @@ def workspace_read(workspace: Path, path: str, *, max_bytes: int) -> bytes:
 
 
 def workspace_chown(workspace: Path, uid: int) -> None:
-    """Give the jail's host uid the workspace (when the worker is root and jails as another)."""
+    """Give the jail's host uid the workspace (when the worker is root and jails as another).
+    fd-relative, never through a link; a workspace nested too deep raises WorkspaceTooDeep."""
     if os.geteuid() != 0:
         return
     os.lchown(workspace, uid, uid)
-    for directory, dirs, names in os.walk(workspace):
-        for name in dirs + names:
-            os.lchown(os.path.join(directory, name), uid, uid)
+    for _, _, parent, name in tree_walk_workspace(workspace):
+        os.chown(name, uid, uid, dir_fd=parent, follow_symlinks=False)
+
+
+def tree_walk_workspace(workspace: Path):
+    """agentplatform.trees.tree_walk of a workspace at SANDBOX_WORKSPACE_MAX_DEPTH."""
+    depth = settings.SANDBOX_WORKSPACE_MAX_DEPTH
+    try:
+        yield from tree_walk(workspace, max_depth=depth)
+    except TreeTooDeep as exc:
+        raise WorkspaceTooDeep(f"the workspace nests directories more than {depth} deep, over "
+                               "its quota (SANDBOX_WORKSPACE_MAX_DEPTH)") from exc

@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import socket
 import stat
 import tarfile
@@ -42,6 +41,7 @@ from django.conf import settings
 from django.db import DataError, connection, transaction
 
 from agentplatform.s3 import s3_client
+from agentplatform.trees import tree_remove
 from tenants.models import Tenant
 from tenants.services import TenantError, data_key_for_write, data_key_get
 
@@ -124,8 +124,7 @@ class LocalWorkspace:
 
     def reset(self) -> None:
         """An empty workspace only the jail's host uid can enter."""
-        if self.path.exists():
-            shutil.rmtree(self.path)
+        tree_remove(self.path)  # however deep the jail nested it
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir.parent, 0o711)
         os.chmod(self.dir, 0o711)
