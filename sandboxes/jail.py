@@ -519,6 +519,23 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     finally:
         if cgroup is not None:
             cgroup.remove()
+        _workspace_seal(workspace, max_depth=limits.max_depth)
+
+
+_SET_ID = stat.S_ISUID | stat.S_ISGID
+
+
+def _workspace_seal(workspace: Path, *, max_depth: int) -> None:
+    """After a jail: the workspace root back to 0700, and no setuid or setgid bit left on a
+    file (a binary owned by the jail's host uid would let any host user become that uid).
+    Inside, the bind of /workspace is already nosuid (bwrap binds nosuid, nodev)."""
+    os.chmod(workspace, 0o700, follow_symlinks=False)
+    for _, info, parent, name in tree_walk(workspace, max_depth=max_depth, too_deep=[]):
+        if stat.S_ISREG(info.st_mode) and info.st_mode & _SET_ID:
+            try:  # a regular file (lstat) and the jail is gone: chmod cannot follow a link here
+                os.chmod(name, stat.S_IMODE(info.st_mode) & ~_SET_ID, dir_fd=parent)
+            except OSError:
+                logger.warning("could not clear set-id bits of %s in %s", name, workspace)
 
 
 def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup | None,
