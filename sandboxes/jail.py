@@ -659,7 +659,7 @@ def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int 
     """Write `files` (relative paths) into the workspace, refusing paths that leave it."""
     root = workspace.resolve()
     for name, content in files.items():
-        target = (root / name).resolve()
+        target = _resolve(root / name, name=name)
         if not target.is_relative_to(root) or target == root:
             raise SandboxError(f"file {name!r} is outside the workspace")
         # Resolve parents without following a symlink the jail may have planted.
@@ -674,6 +674,16 @@ def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int 
             out.write(data)
     if uid is not None:
         workspace_chown(workspace, uid)
+
+
+def _resolve(path: Path, *, name: str) -> Path:
+    """`path` with its links resolved; a link loop (RuntimeError in Python 3.11) is the
+    caller's SandboxError, as is a path the host cannot resolve."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise SandboxError(f"{name!r} cannot be resolved in the workspace: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from exc
 
 
 def workspace_open(path: Path, flags: int, *, name: str) -> int:
@@ -694,7 +704,7 @@ def workspace_open(path: Path, flags: int, *, name: str) -> int:
 def workspace_read(workspace: Path, path: str, *, max_bytes: int) -> bytes:
     """A regular file of the workspace (at most `max_bytes` of it), refusing paths that leave it."""
     root = workspace.resolve()
-    target = (root / path).resolve()
+    target = _resolve(root / path, name=path)
     if not target.is_relative_to(root):
         raise SandboxError(f"{path!r} is outside the workspace")
     fd = workspace_open(target, os.O_RDONLY, name=path)
