@@ -7,7 +7,9 @@ jail, where a small forwarder (`FORWARDER`, run inside the jail before the comma
 names itself, and refuses names that resolve to loopback, private, link-local or other
 non-public addresses (agentplatform.addresses, the connectors' check), so the jail cannot reach
 the database or the host through it. One call holds at most `max_connections` connections at
-once (each costs the worker two threads); the next gets `503` until one closes.
+once (each costs the worker two threads); the next gets `503` until one closes. No tunnel
+outlives its call: leaving the proxy shuts down every socket it holds and joins its threads (with
+a deadline), and a tunnel idle for TUNNEL_IDLE_SECONDS in a direction stops relaying it.
 """
 
 import ipaddress
@@ -18,6 +20,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,8 @@ HEAD_MAX_BYTES = 8192
 HEAD_TIMEOUT_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_CONNECTIONS = 16
+TUNNEL_IDLE_SECONDS = 60.0  # a direction of a tunnel that carries nothing this long is closed
+EXIT_JOIN_SECONDS = 2.0  # how long leaving the proxy waits, in all, for its threads
 
 _LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
@@ -185,6 +190,8 @@ class EgressProxy:
         self.path: Path | None = None
         self._server: socket.socket | None = None
         self._closing = threading.Event()
+        self._sockets: set[socket.socket] = set()  # every client and upstream socket still open
+        self._threads: set[threading.Thread] = set()  # the accept loop and every tunnel's
 
     def __enter__(self) -> Path:
         self.dir = Path(tempfile.mkdtemp(prefix="ap-egress-"))
@@ -197,17 +204,64 @@ class EgressProxy:
         self.path.chmod(0o600)
         server.listen(64)
         self._server = server
-        threading.Thread(target=self._accept, name="egress-accept", daemon=True).start()
+        self._spawn(self._accept, name="egress-accept")
         return self.path
 
     def __exit__(self, *exc) -> None:
+        """Stop accepting, shut down every tunnel's sockets (which ends their relays), and
+        join the threads; a thread still stuck (a name lookup) after EXIT_JOIN_SECONDS is left,
+        a daemon that holds no socket of the call."""
         self._closing.set()
         try:
             self._server.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._server.close()
+        with self._open_lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + EXIT_JOIN_SECONDS
+        with self._open_lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def live_threads(self) -> int:
+        """How many of this proxy's threads are still running."""
+        with self._open_lock:
+            return sum(thread.is_alive() for thread in self._threads)
+
+    def _spawn(self, target, *, name: str, args: tuple = ()) -> threading.Thread:
+        def run() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._open_lock:
+                    self._threads.discard(thread)
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        with self._open_lock:
+            self._threads.add(thread)
+        thread.start()
+        return thread
+
+    def _track(self, sock: socket.socket) -> bool:
+        """Hold `sock` for shutdown at exit; False (and it is closed) if the proxy is closing."""
+        with self._open_lock:
+            if not self._closing.is_set():
+                self._sockets.add(sock)
+                return True
+        sock.close()
+        return False
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._open_lock:
+            self._sockets.discard(sock)
+        sock.close()
 
     def _accept(self) -> None:
         while not self._closing.is_set():
@@ -222,8 +276,11 @@ class EgressProxy:
             if full:
                 self._refuse_over_cap(client)
                 continue
-            threading.Thread(target=self._serve, args=(client,), name="egress-conn",
-                             daemon=True).start()
+            if not self._track(client):
+                with self._open_lock:
+                    self._open -= 1
+                return
+            self._spawn(self._serve, name="egress-conn", args=(client,))
 
     def _refuse_over_cap(self, client: socket.socket) -> None:
         self._log(None, None, False, f"over {self.max_connections} concurrent connections")
@@ -272,11 +329,14 @@ class EgressProxy:
             for family, sockaddr in addresses:
                 try:
                     upstream = socket.socket(family, socket.SOCK_STREAM)
+                    if not self._track(upstream):
+                        upstream = None
+                        return
                     upstream.settimeout(CONNECT_TIMEOUT_SECONDS)
                     upstream.connect(sockaddr)
                     break
                 except OSError as exc:
-                    upstream.close()
+                    self._untrack(upstream)
                     upstream, why = None, f"connect failed ({exc.strerror or exc})"
             if upstream is None:
                 self._log(host, port, False, why)
@@ -284,20 +344,19 @@ class EgressProxy:
                 return
             self._log(host, port, True, "")
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            client.settimeout(None)
-            upstream.settimeout(None)
+            client.settimeout(TUNNEL_IDLE_SECONDS)
+            upstream.settimeout(TUNNEL_IDLE_SECONDS)
             if early:
                 upstream.sendall(early)
-            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-            back.start()
+            back = self._spawn(_pipe, name="egress-pipe", args=(upstream, client))
             _pipe(client, upstream)
             back.join()
         except OSError:
             pass
         finally:
             if upstream is not None:
-                upstream.close()
-            client.close()
+                self._untrack(upstream)
+            self._untrack(client)
 
     def _log(self, host: str | None, port: int | None, allowed: bool, reason: str) -> None:
         logger.info("sandbox egress %s tenant=%s run=%s host=%s port=%s%s",

@@ -24,12 +24,14 @@ import signal
 import stat
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+from agentplatform.trees import TreeTooDeep, tree_walk
 
 from .cgroups import CgroupHost, CgroupUnavailable, JailCgroup, cgroup_host, cgroups_sweep
 from .egress import FORWARDER, JAIL_SOCKET, PROXY_PORT, EgressPolicy, EgressProxy
@@ -49,6 +51,10 @@ class SandboxError(RuntimeError):
     """A sandbox call that cannot be made as asked (bad arguments, a reused name)."""
 
 
+class WorkspaceTooDeep(SandboxError):
+    """The workspace nests directories deeper than SANDBOX_WORKSPACE_MAX_DEPTH."""
+
+
 class Limit(StrEnum):
     TIMEOUT = "timeout"
     CPU = "cpu"
@@ -58,6 +64,7 @@ class Limit(StrEnum):
     PROCESSES = "processes"
     OPEN_FILES = "open_files"
     FILES = "files"
+    DEPTH = "depth"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class Limits:
     output_bytes: int
     max_files: int
     cpus: float
+    max_depth: int
 
     @classmethod
     def from_settings(cls, **overrides) -> "Limits":
@@ -88,6 +96,7 @@ class Limits:
             "output_bytes": settings.SANDBOX_OUTPUT_MAX_BYTES,
             "max_files": settings.SANDBOX_WORKSPACE_MAX_FILES,
             "cpus": settings.SANDBOX_CPUS,
+            "max_depth": settings.SANDBOX_WORKSPACE_MAX_DEPTH,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -364,36 +373,35 @@ def _bwrap_argv(bwrap: str, *, workspace: Path | None, limits: Limits,
     return argv
 
 
-def _workspace_entries(workspace: Path):
-    """(relative path, lstat) of every entry below `workspace`; symlinks are never followed."""
-    stack = [workspace]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            yield os.path.relpath(entry.path, workspace), info
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
+def _workspace_entries(workspace: Path, *, max_depth: int | None = None,
+                       too_deep: list[str] | None = None):
+    """(relative path, lstat) of every entry below `workspace`; symlinks are never followed.
+    fd-relative and without recursion (agentplatform.trees): a directory nested deeper than
+    `max_depth` (default SANDBOX_WORKSPACE_MAX_DEPTH) raises WorkspaceTooDeep, or with a
+    `too_deep` list is noted there and not entered."""
+    depth = settings.SANDBOX_WORKSPACE_MAX_DEPTH if max_depth is None else max_depth
+    try:
+        for rel, info, _, _ in tree_walk(workspace, max_depth=depth, too_deep=too_deep):
+            yield rel, info
+    except TreeTooDeep as exc:
+        raise WorkspaceTooDeep(f"the workspace nests directories more than {depth} deep, over "
+                               "its quota (SANDBOX_WORKSPACE_MAX_DEPTH)") from exc
 
 
-def workspace_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
-    """relative path -> (mode, size, mtime_ns) for every entry."""
+def workspace_listing(workspace: Path, *, max_depth: int | None = None,
+                      ) -> dict[str, tuple[int, int, int]]:
+    """relative path -> (mode, size, mtime_ns) for every entry (none below `max_depth`)."""
     return {rel: (info.st_mode, info.st_size, info.st_mtime_ns)
-            for rel, info in _workspace_entries(workspace)}
+            for rel, info in _workspace_entries(workspace, max_depth=max_depth, too_deep=[])}
 
 
-def workspace_usage(workspace: Path, *, max_files: int | None = None) -> tuple[int, int]:
+def workspace_usage(workspace: Path, *, max_files: int | None = None,
+                    max_depth: int | None = None) -> tuple[int, int]:
     """(apparent bytes, entries) below `workspace`. Apparent: a sparse file counts its whole
-    size, as a snapshot would have to hold it. Stops counting past `max_files` entries."""
+    size, as a snapshot would have to hold it. Stops counting past `max_files` entries; raises
+    WorkspaceTooDeep for directories nested deeper than `max_depth`."""
     size = count = 0
-    for _, info in _workspace_entries(workspace):
+    for _, info in _workspace_entries(workspace, max_depth=max_depth):
         count += 1
         if not stat.S_ISDIR(info.st_mode):
             size += info.st_size
@@ -427,12 +435,14 @@ _MARKERS = (
 
 
 def _limit_of(exit_code: int, stderr: str, *, timed_out: bool, disk_full: bool,
-              too_many_files: bool = False, oom_killed: bool = False,
+              too_many_files: bool = False, too_deep: bool = False, oom_killed: bool = False,
               pids_refused: bool = False) -> str | None:
     if disk_full:
         return Limit.DISK
     if too_many_files:
         return Limit.FILES
+    if too_deep:
+        return Limit.DEPTH
     if oom_killed:  # the cgroup's memory limit: the kernel killed a process of the jail
         return Limit.MEMORY
     if pids_refused:  # the cgroup refused a fork at pids.max, whatever the command said
@@ -484,13 +494,21 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     cgroups = sandbox_probe()
     argv = _command_argv(command)
     _workspace_prepare(workspace)
-    before = workspace_listing(workspace)
+    before = workspace_listing(workspace, max_depth=limits.max_depth)
     if files:
         workspace_write(workspace, files, uid=host_uid())
-    # Over quota means over the limit and grown by this command (a full workspace can still run).
-    used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files)
-    quota_bytes = max(limits.workspace_bytes, used_bytes)
-    quota_files = max(limits.max_files, used_files)
+    # A call that starts over quota is refused: nothing runs, the quota never grows to fit.
+    used_bytes, used_files = workspace_usage(workspace, max_files=limits.max_files,
+                                             max_depth=limits.max_depth)  # or WorkspaceTooDeep
+    if used_bytes > limits.workspace_bytes or used_files > limits.max_files:
+        raise SandboxError(
+            f"the workspace is over its quota ({used_bytes} bytes of {limits.workspace_bytes}, "
+            f"{'more than ' if used_files > limits.max_files else ''}{used_files} entries of "
+            f"{limits.max_files}); nothing was run")
+    # No single file may outgrow what is left of the quota (RLIMIT_FSIZE; fallocate too).
+    limits = replace(limits, file_size_bytes=min(limits.file_size_bytes,
+                                                 limits.workspace_bytes - used_bytes))
+    quota_bytes, quota_files = limits.workspace_bytes, limits.max_files
     try:
         cgroup = _jail_cgroup(cgroups, limits)
     except CgroupUnavailable as exc:
@@ -501,6 +519,23 @@ def _execute(*, workspace: Path, command: str | list[str], limits: Limits,
     finally:
         if cgroup is not None:
             cgroup.remove()
+        _workspace_seal(workspace, max_depth=limits.max_depth)
+
+
+_SET_ID = stat.S_ISUID | stat.S_ISGID
+
+
+def _workspace_seal(workspace: Path, *, max_depth: int) -> None:
+    """After a jail: the workspace root back to 0700, and no setuid or setgid bit left on a
+    file (a binary owned by the jail's host uid would let any host user become that uid).
+    Inside, the bind of /workspace is already nosuid (bwrap binds nosuid, nodev)."""
+    os.chmod(workspace, 0o700, follow_symlinks=False)
+    for _, info, parent, name in tree_walk(workspace, max_depth=max_depth, too_deep=[]):
+        if stat.S_ISREG(info.st_mode) and info.st_mode & _SET_ID:
+            try:  # a regular file (lstat) and the jail is gone: chmod cannot follow a link here
+                os.chmod(name, stat.S_IMODE(info.st_mode) & ~_SET_ID, dir_fd=parent)
+            except OSError:
+                logger.warning("could not clear set-id bits of %s in %s", name, workspace)
 
 
 def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup | None,
@@ -518,13 +553,18 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     outputs = {process.stdout: bytearray(), process.stderr: bytearray()}
     truncated = {process.stdout: False, process.stderr: False}
     hit = {"timed_out": False, "disk_full": False, "too_many_files": False,
-           "oom_killed": False, "pids_refused": False}
+           "too_deep": False, "oom_killed": False, "pids_refused": False}
 
     def check() -> bool:
         """Mark the limits the jail has hit; True if it must be stopped."""
-        size, count = workspace_usage(workspace, max_files=quota[1])
-        hit["disk_full"] = hit["disk_full"] or size > quota[0]
-        hit["too_many_files"] = hit["too_many_files"] or count > quota[1]
+        try:
+            size, count = workspace_usage(workspace, max_files=quota[1],
+                                          max_depth=limits.max_depth)
+        except WorkspaceTooDeep:
+            hit["too_deep"] = True
+        else:
+            hit["disk_full"] = hit["disk_full"] or size > quota[0]
+            hit["too_many_files"] = hit["too_many_files"] or count > quota[1]
         if cgroup is not None:
             hit["oom_killed"] = hit["oom_killed"] or cgroup.oom_kills() > 0
             hit["pids_refused"] = hit["pids_refused"] or cgroup.pids_refused() > 0
@@ -536,7 +576,7 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     with selectors.DefaultSelector() as selector:
         for stream in outputs:
             selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map():
+        while True:  # until the jail exits: a command that closes its output is still checked
             now = time.monotonic()
             if now >= deadline:
                 hit["timed_out"] = stop = True
@@ -546,7 +586,14 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
                 if check():
                     stop = True
                     break
-            for key, _ in selector.select(timeout=min(deadline - now, DISK_CHECK_SECONDS)):
+            wait = min(deadline - now, DISK_CHECK_SECONDS)
+            if not selector.get_map():
+                try:
+                    process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            for key, _ in selector.select(timeout=wait):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -569,18 +616,28 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
         stream.close()
     duration_ms = (time.monotonic() - started) * 1000
     check()
-    stdout = outputs[process.stdout].decode(errors="replace")
-    stderr = outputs[process.stderr].decode(errors="replace")
-    after = workspace_listing(workspace)
+    stdout, stderr = _text(outputs[process.stdout]), _text(outputs[process.stderr])
+    after = workspace_listing(workspace, max_depth=limits.max_depth)
     return SandboxResult(
         exit_code=exit_code, stdout=stdout, stderr=stderr,
         limit=_limit_of(exit_code, stderr, **hit),
         stdout_truncated=truncated[process.stdout], stderr_truncated=truncated[process.stderr],
-        changed_files=sorted(p for p, meta in after.items()
+        changed_files=sorted(_name(p) for p, meta in after.items()
                              if before.get(p) != meta and not _is_dir(meta)),
-        deleted_files=sorted(p for p in before.keys() - after.keys()),
+        deleted_files=sorted(_name(p) for p in before.keys() - after.keys()),
         duration_ms=round(duration_ms, 3),
     )
+
+
+def _text(output: bytes) -> str:
+    """A command's output as text PostgreSQL stores: invalid UTF-8 and NUL become U+FFFD."""
+    return output.decode(errors="replace").replace("\0", "\ufffd")
+
+
+def _name(path: str) -> str:
+    """A file name as text PostgreSQL stores: bytes that are not UTF-8 (os.fsdecode's
+    surrogates) are written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _is_dir(meta: tuple[int, int, int]) -> bool:
@@ -602,7 +659,7 @@ def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int 
     """Write `files` (relative paths) into the workspace, refusing paths that leave it."""
     root = workspace.resolve()
     for name, content in files.items():
-        target = (root / name).resolve()
+        target = _resolve(root / name, name=name)
         if not target.is_relative_to(root) or target == root:
             raise SandboxError(f"file {name!r} is outside the workspace")
         # Resolve parents without following a symlink the jail may have planted.
@@ -617,6 +674,16 @@ def workspace_write(workspace: Path, files: dict[str, str | bytes], *, uid: int 
             out.write(data)
     if uid is not None:
         workspace_chown(workspace, uid)
+
+
+def _resolve(path: Path, *, name: str) -> Path:
+    """`path` with its links resolved; a link loop (RuntimeError in Python 3.11) is the
+    caller's SandboxError, as is a path the host cannot resolve."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise SandboxError(f"{name!r} cannot be resolved in the workspace: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from exc
 
 
 def workspace_open(path: Path, flags: int, *, name: str) -> int:
@@ -637,7 +704,7 @@ def workspace_open(path: Path, flags: int, *, name: str) -> int:
 def workspace_read(workspace: Path, path: str, *, max_bytes: int) -> bytes:
     """A regular file of the workspace (at most `max_bytes` of it), refusing paths that leave it."""
     root = workspace.resolve()
-    target = (root / path).resolve()
+    target = _resolve(root / path, name=path)
     if not target.is_relative_to(root):
         raise SandboxError(f"{path!r} is outside the workspace")
     fd = workspace_open(target, os.O_RDONLY, name=path)
@@ -646,10 +713,20 @@ def workspace_read(workspace: Path, path: str, *, max_bytes: int) -> bytes:
 
 
 def workspace_chown(workspace: Path, uid: int) -> None:
-    """Give the jail's host uid the workspace (when the worker is root and jails as another)."""
+    """Give the jail's host uid the workspace (when the worker is root and jails as another).
+    fd-relative, never through a link; a workspace nested too deep raises WorkspaceTooDeep."""
     if os.geteuid() != 0:
         return
     os.lchown(workspace, uid, uid)
-    for directory, dirs, names in os.walk(workspace):
-        for name in dirs + names:
-            os.lchown(os.path.join(directory, name), uid, uid)
+    for _, _, parent, name in tree_walk_workspace(workspace):
+        os.chown(name, uid, uid, dir_fd=parent, follow_symlinks=False)
+
+
+def tree_walk_workspace(workspace: Path):
+    """agentplatform.trees.tree_walk of a workspace at SANDBOX_WORKSPACE_MAX_DEPTH."""
+    depth = settings.SANDBOX_WORKSPACE_MAX_DEPTH
+    try:
+        yield from tree_walk(workspace, max_depth=depth)
+    except TreeTooDeep as exc:
+        raise WorkspaceTooDeep(f"the workspace nests directories more than {depth} deep, over "
+                               "its quota (SANDBOX_WORKSPACE_MAX_DEPTH)") from exc

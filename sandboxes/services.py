@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import socket
 import stat
 import tarfile
@@ -39,9 +38,10 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 
 from agentplatform.s3 import s3_client
+from agentplatform.trees import tree_remove
 from tenants.models import Tenant
 from tenants.services import TenantError, data_key_for_write, data_key_get
 
@@ -124,8 +124,7 @@ class LocalWorkspace:
 
     def reset(self) -> None:
         """An empty workspace only the jail's host uid can enter."""
-        if self.path.exists():
-            shutil.rmtree(self.path)
+        tree_remove(self.path)  # however deep the jail nested it
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir.parent, 0o711)
         os.chmod(self.dir, 0o711)
@@ -548,13 +547,20 @@ class SandboxSession:
                               rules=tuple(egress_rules()))
         result = sandbox_execute(workspace=self.local.path, command=command, files=files,
                                  limits=Limits.from_settings(timeout=timeout), egress=egress)
-        row = SandboxExecution.objects.create(
-            run_id=self.run_id, visit=self.visit, scope=self.scope, name=name, command=recorded,
-            exit_code=result.exit_code, limit=result.limit or "", stdout=result.stdout,
-            stderr=result.stderr, stdout_truncated=result.stdout_truncated,
-            stderr_truncated=result.stderr_truncated, changed_files=result.changed_files,
-            deleted_files=result.deleted_files, duration_ms=result.duration_ms,
-        )
+        try:
+            with transaction.atomic():  # a savepoint: a refused row leaves the step's transaction
+                row = SandboxExecution.objects.create(
+                    run_id=self.run_id, visit=self.visit, scope=self.scope, name=name,
+                    command=recorded, exit_code=result.exit_code, limit=result.limit or "",
+                    stdout=result.stdout, stderr=result.stderr,
+                    stdout_truncated=result.stdout_truncated,
+                    stderr_truncated=result.stderr_truncated,
+                    changed_files=result.changed_files, deleted_files=result.deleted_files,
+                    duration_ms=result.duration_ms,
+                )
+        except DataError as exc:  # the jail's output is sanitized; this is a last resort
+            raise SandboxError(f"sandbox call {name!r} ran, but its outcome cannot be "
+                               f"recorded: {exc.__class__.__name__}") from exc
         changed = bool(files or result.changed_files or result.deleted_files)
         self.local.meta_write(**{
             **meta, "applied": meta["applied"] + [row.id],

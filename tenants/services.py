@@ -6,7 +6,6 @@ import hmac
 import logging
 import re
 import secrets
-import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from django_tenants.utils import get_public_schema_name
 
 from agentplatform.errors import ServiceError
 from agentplatform.s3 import s3_client
+from agentplatform.trees import tree_remove
 
 from . import keys
 from .models import ApiKey, ConsoleAccess, Scope, Tenant, TenantKey, scopes_all
@@ -133,7 +133,7 @@ def tenant_workspaces_delete(*, schema: str) -> bool:
     root = Path(settings.SANDBOX_WORKSPACE_ROOT) / schema
     if not root.exists():
         return False
-    shutil.rmtree(root)
+    tree_remove(root)  # iterative and fd-relative: a jail may have nested thousands deep
     return True
 
 

@@ -271,6 +271,8 @@ SANDBOX_TMP_BYTES = env.int("SANDBOX_TMP_BYTES", default=64 * 1024 * 1024)
 SANDBOX_OUTPUT_MAX_BYTES = env.int("SANDBOX_OUTPUT_MAX_BYTES", default=64 * 1024)
 # Entries (files, directories, links) a workspace may hold; apparent bytes: WORKSPACE_MAX_BYTES.
 SANDBOX_WORKSPACE_MAX_FILES = env.int("SANDBOX_WORKSPACE_MAX_FILES", default=10_000)
+# How deep a workspace may nest directories (host-side walks hold one descriptor per level).
+SANDBOX_WORKSPACE_MAX_DEPTH = env.int("SANDBOX_WORKSPACE_MAX_DEPTH", default=64)
 # CPUs a jail may use at once (its cgroup's CPU quota), beside RLIMIT_CPU's total seconds.
 SANDBOX_CPUS = env.float("SANDBOX_CPUS", default=1.0)
 # Jail cgroups go under this cgroup (a path in the hierarchy); "": v1 the worker's own, v2 its

@@ -66,7 +66,7 @@ def test_a_workspace_over_its_quota_is_not_snapshotted(in_acme, s3, settings):
     settings.SANDBOX_WORKSPACE_MAX_BYTES = 32 * MiB
     run_row = sandboxed_run()
     session = SandboxSession(run_id=run_row.id, visit=0)
-    result = session.run("for i in $(seq 1 20); do truncate -s 60M f$i; done")
+    result = session.run("for i in $(seq 1 20); do truncate -s 30M f$i; done")  # each under the quota
     assert result.limit == "disk", result
     scratch = Path(settings.SANDBOX_WORKSPACE_ROOT) / ".tmp"
     with pytest.raises(SandboxError, match="over its quota"):

@@ -1,6 +1,7 @@
 """Deleting a tenant removes its S3 objects (archives, workspace snapshots), this host's workspace
 copies, its schema and its rows, and nothing of any other tenant."""
 
+import os
 import socket
 import uuid
 from datetime import timedelta
@@ -165,3 +166,20 @@ def test_a_workspace_written_during_the_deletion_is_swept_after_the_schema_is_dr
     monkeypatch.setattr(Tenant, "_drop_schema", worker_writes_then_drop)
     call_command("delete_tenant", "wayne", "--yes")
     assert not local.dir.exists() and not local.dir.parent.exists()
+
+
+def test_a_workspace_nested_thousands_deep_is_deleted_with_its_tenant(s3, tmp_path):
+    tenant, local = tenant_with_data("tyrell", tmp_path)
+    deep = str(local.path)
+    os.makedirs(os.path.join(deep, *["d"] * 200))  # deeper than PATH_MAX below: built fd-relative
+    fd = os.open(os.path.join(deep, *["d"] * 200), os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1300):  # os.walk and shutil.rmtree recursed, and raised RecursionError
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    os.close(fd)
+    call_command("delete_tenant", "tyrell", "--yes")
+    assert not local.dir.exists() and not local.dir.parent.exists()
+    assert not Tenant.objects.filter(pk=tenant.pk).exists()
