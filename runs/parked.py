@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from agentplatform.wiring import Wiring
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,5 @@ class Inbox:
     parked_cancel: Callable[..., Any]  # (run_id): close approvals and gates, drop wakeups
 
 
-_wired: Inbox | None = None
-
-
-def inbox_wire(wired: Inbox) -> None:
-    """Called once at start-up by the composition root."""
-    global _wired
-    _wired = wired
-
-
-def inbox() -> Inbox:
-    if _wired is None:
-        raise ImproperlyConfigured("the runs core's inbox is not wired: agentplatform.apps."
-                                   "PlatformConfig (last in INSTALLED_APPS) wires it in ready()")
-    return _wired
+inbox: Wiring[Inbox] = Wiring("the runs core's inbox")
+inbox_wire = inbox.wire  # called once at start-up by the composition root

@@ -6,7 +6,7 @@ here and the composition root (agentplatform/apps.py) wires them once, at start-
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.core.exceptions import ImproperlyConfigured
+from agentplatform.wiring import Wiring
 
 
 @dataclass(frozen=True)
@@ -17,17 +17,5 @@ class TickHandlers:
     wakeup_fire: Callable[..., str]
 
 
-_wired: TickHandlers | None = None
-
-
-def tick_handlers_wire(wired: TickHandlers) -> None:
-    """Called once at start-up by the composition root."""
-    global _wired
-    _wired = wired
-
-
-def tick_handlers() -> TickHandlers:
-    if _wired is None:
-        raise ImproperlyConfigured("the dispatcher's tick handlers are not wired: agentplatform."
-                                   "apps.PlatformConfig (last in INSTALLED_APPS) wires them")
-    return _wired
+tick_handlers: Wiring[TickHandlers] = Wiring("the dispatcher's tick handlers")
+tick_handlers_wire = tick_handlers.wire  # called once at start-up by the composition root

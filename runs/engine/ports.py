@@ -12,6 +12,8 @@ from uuid import UUID
 
 from django.core.exceptions import ImproperlyConfigured
 
+from agentplatform.wiring import Wiring
+
 
 class EffectError(Exception):
     """Raised into the step: the step's retry policy decides what happens next."""
@@ -91,20 +93,12 @@ class Ports:
     parking: Mapping[str, Callable[..., Any]]  # keyed by PARKING_KINDS
 
 
-_wired: Ports | None = None
+ports: Wiring[Ports] = Wiring("the engine's ports")
 
 
 def ports_wire(wired: Ports) -> None:
     """Called once at start-up by the composition root."""
-    global _wired
     missing = PARKING_KINDS - set(wired.parking)
     if missing:
         raise ImproperlyConfigured(f"the engine's parking handlers miss {sorted(missing)}")
-    _wired = wired
-
-
-def ports() -> Ports:
-    if _wired is None:
-        raise ImproperlyConfigured("the engine's ports are not wired: agentplatform.apps."
-                                   "PlatformConfig (last in INSTALLED_APPS) wires them in ready()")
-    return _wired
+    ports.wire(wired)
