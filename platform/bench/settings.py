@@ -14,6 +14,9 @@ os.environ["DATABASE_URL"] = os.environ.get(
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+# The benchmarks' web servers are runserver on loopback, plain http (as deploy/dev's): without
+# this, DEBUG off means production's https redirect and every request is a 301.
+os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
 
 from agentplatform.settings import *  # noqa: E402,F403
 
