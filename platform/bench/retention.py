@@ -91,6 +91,10 @@ def s3_environment() -> subprocess.Popen | None:
     os.environ.setdefault("S3_BUCKET", "agentplatform-bench")
     if os.environ.get("S3_ENDPOINT_URL"):
         return None
+    # A server of the benchmark's own, so credentials of its own too (settings have no default
+    # ones outside deploy/dev); deploy/seaweedfs writes the same pair into its identity file.
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "agentplatform-bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_urlsafe(24))
     port = next(p for p in range(19400, 20000, 10) if ports_free(p))
     directory = tempfile.mkdtemp(prefix="bench-seaweedfs-")
     log = open(Path(directory) / "seaweedfs.log", "wb")
