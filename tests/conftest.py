@@ -13,12 +13,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 from django_tenants.utils import tenant_context
 
 from agentplatform import localprocs
+from agentplatform.s3 import s3_client
+from tenants.models import Tenant
+from tenants.services import tenant_create
 from tests.support.api import api_client
 from tests.support.waiting import wait_for
 
@@ -43,7 +47,6 @@ def django_db_setup(django_db_blocker):
         admin.execute(f'CREATE DATABASE "{name}"')
     with django_db_blocker.unblock():
         call_command("migrate_schemas", shared=True, interactive=False, verbosity=0)
-        from tenants.services import tenant_create
 
         keys = {}
         for schema in ("acme", "globex"):
@@ -64,15 +67,11 @@ def _db(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def acme():
-    from tenants.models import Tenant
-
     return Tenant.objects.get(schema_name="acme")
 
 
 @pytest.fixture
 def globex():
-    from tenants.models import Tenant
-
     return Tenant.objects.get(schema_name="globex")
 
 
@@ -101,8 +100,6 @@ def Worker(name: str, concurrency: int = 1) -> localprocs.Worker:  # noqa: N802
 
 @pytest.fixture(scope="session")
 def celery_queue_clean(django_db_setup):
-    import redis
-
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
 
 
@@ -121,8 +118,6 @@ class SeaweedFS:
         self.log = log
 
     def wait_ready(self):
-        from agentplatform.s3 import s3_client
-
         def bucket_ready():
             assert self.process.poll() is None, self.log.read_text()[-3000:]
             try:

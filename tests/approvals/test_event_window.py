@@ -11,9 +11,12 @@ from django.db import transaction
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from integrations.webhooks.models import GmailMessageSeen, InboxItem, SlackEventSeen
+from integrations.webhooks.services import gmail_connection_create, slack_connection_create
 from runs.approvals.models import EventGate, InboundEvent
 from runs.approvals.services import event_deliver, gate_open
 from runs.models import Checkpoint, Run
+from runs.retention.tasks import archive_all_tenants
 from tests.support.api import start, status_of
 from tests.support.waiting import wait_for
 
@@ -83,10 +86,6 @@ def test_an_event_accepted_before_the_wait_but_delivered_after_does_not_wake_it(
 
 def test_the_retention_job_prunes_old_dedupe_rows_and_keeps_pending_inbox_items(
         acme, acme_api, worker):
-    from integrations.webhooks.models import GmailMessageSeen, InboxItem, SlackEventSeen
-    from integrations.webhooks.services import gmail_connection_create, slack_connection_create
-    from runs.retention.tasks import archive_all_tenants
-
     old = timezone.now() - timedelta(seconds=settings.EVENT_DEDUPE_RETENTION_SECONDS + 60)
     slack = slack_connection_create(tenant=acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",
                                     signing_secret="s")

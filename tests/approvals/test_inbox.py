@@ -7,7 +7,8 @@ from django_tenants.utils import tenant_context
 from runs.approvals.models import Approval, EventGate, InboundEvent
 from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Run, RunEvent
-from tests.support.api import pending_approval, start, status_of
+from tenants.services import api_key_create
+from tests.support.api import api_client, pending_approval, start, status_of
 
 
 def test_parked_run_holds_nothing_and_resumes_on_the_decision(acme, acme_api, worker):
@@ -54,9 +55,6 @@ def test_approve_with_an_edited_artifact_and_reject(acme_api, worker):
 
 
 def test_only_named_deciders_may_decide(acme, acme_api, worker):
-    from tenants.services import api_key_create
-    from tests.support.api import api_client
-
     cfo = api_client(api_key_create(tenant=acme, name="cfo")[1])
     run_id = start(acme_api, how="approval", deciders=["api:cfo"])
     approval = pending_approval(acme_api, run_id)

@@ -4,6 +4,8 @@ and model calls (OpenAI wire format). Receivers outside this machine are local f
 import pytest
 
 from integrations.services import credential_set
+from runs import engine
+from runs.agents import registry
 from runs.approvals.models import Approval
 from runs.effects.models import Effect
 from runs.models import Run, RunEvent
@@ -79,7 +81,6 @@ def test_recorded_model_call_is_not_made_again_and_its_tokens_count_once(
 
 def test_model_call_over_budget_is_not_sent_and_the_reason_is_recorded(
         in_acme, fake_openai):  # noqa: F811
-    from runs import engine
 
     credential_set(connector="model", secrets={"api_key": "sk-test", "base_url": fake_openai.url
                                                + "/v1"})
@@ -98,9 +99,6 @@ def test_model_call_over_budget_is_not_sent_and_the_reason_is_recorded(
 @pytest.mark.parametrize("approve", [True, False])
 def test_budget_can_park_for_a_person_who_raises_it(in_acme, acme_api, fake_openai, worker,  # noqa: F811
                                                     approve):
-    from runs import engine
-    from runs.agents import registry
-
     credential_set(connector="model", secrets={"api_key": "sk-test", "base_url": fake_openai.url
                                                + "/v1"})
     agent = registry.get("worldly")

@@ -2,10 +2,12 @@
 
 import random
 
+from django.db import transaction
+
 from runs.approvals.models import Approval
 from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
-from runs.services import run_start
+from runs.services import run_enqueue, run_start
 from tests.support.runs import finished
 from tests.support.waiting import wait_for
 
@@ -140,9 +142,5 @@ def test_many_runs_with_random_worker_kills_each_effect_happens_once(
 
 
 def _enqueue(run_id):
-    from django.db import transaction
-
-    from runs.services import run_enqueue
-
     with transaction.atomic():
         run_enqueue(run_id)

@@ -8,6 +8,12 @@ are simply made again, and a person who says "it was delivered" can give the ste
 """
 
 import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+from django_tenants.utils import tenant_context
 
 from integrations.services import credential_set
 from runs.approvals.models import Approval
@@ -17,6 +23,7 @@ from runs.services import run_start
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
 from tests.support.runs import finished
 from tests.support.waiting import wait_for
+from tests.tenants.test_admin_console import staff_client
 
 
 def test_slow_receiver_gets_each_message_once_and_runs_are_not_held_up(
@@ -162,12 +169,6 @@ def test_person_who_says_delivered_gives_the_result_the_step_reads(
 
 
 def test_operator_sees_unknown_messages_in_the_console_and_settles_them(acme, globex):
-    from django.db import connection
-    from django.utils import timezone
-    from django_tenants.utils import tenant_context
-
-    from tests.tenants.test_admin_console import staff_client
-
     with tenant_context(acme):
         run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
         message = OutboxMessage.objects.create(
@@ -200,9 +201,6 @@ def test_operator_sees_unknown_messages_in_the_console_and_settles_them(acme, gl
 
 def test_message_sent_again_by_a_person_gets_a_full_budget_of_attempts(
         in_acme, acme_api, plain_receiver, worker):
-    from django.conf import settings
-    from django.utils import timezone
-
     run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
     message = OutboxMessage.objects.create(  # it went unknown on its last allowed attempt
         run=run, name="last-try", connector="test_plain", status="unknown", maybe_sent=True,
@@ -219,10 +217,6 @@ def test_message_sent_again_by_a_person_gets_a_full_budget_of_attempts(
 
 def test_claim_that_expired_before_anything_was_sent_is_sent_without_a_person(
         in_acme, plain_receiver, worker):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     run = run_start(agent="herald", enqueue=False, input={"url": "http://x.test/notify"}).run
     message = OutboxMessage.objects.create(  # its deliverer died before calling anyone
         run=run, name="never-sent", connector="test_plain", status="sending",

@@ -9,6 +9,7 @@ from django_tenants.utils import tenant_context
 
 from runs import engine
 from runs.models import Run
+from runs.retention import services
 from runs.services import run_start
 
 AGED = timedelta(days=60)  # past the default 30-day TTL
@@ -26,8 +27,6 @@ def run_finished(*, agent: str = "chatter", steps: int = 5, age: timedelta = AGE
 @pytest.fixture
 def archive_pass(s3, in_acme):
     """acme's archive pass, in acme's schema (API calls in a test leave the connection public)."""
-    from runs.retention import services
-
     def run_pass(**kwargs):
         with tenant_context(in_acme):
             report = services.archive_pass(tenant=in_acme, **kwargs)

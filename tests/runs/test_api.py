@@ -2,6 +2,7 @@
 
 import uuid
 
+from tests.support.api import api_client
 from tests.support.waiting import wait_for
 
 
@@ -88,7 +89,5 @@ def test_agents_are_listed_with_their_topology(acme_api):
 
 
 def test_openapi_schema_is_served():
-    from tests.support.api import api_client
-
     response = api_client(None).get("/api/v1/schema")
     assert response.status_code == 200 and b"/api/v1/runs" in response.content

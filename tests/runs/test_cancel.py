@@ -1,14 +1,17 @@
 """Cancel wins: a cancel asked while a run parks ends it in the parking transaction, cancelling a
 parent cancels its whole tree, and a late branch report wakes no run parked on something else."""
 
+import threading
+
 import pytest
-from django.db import transaction
+from django.db import connection, connections, transaction
+from django_tenants.utils import tenant_context
 
 from runs import engine
 from runs.approvals.models import Approval, EventGate
 from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Branch, Checkpoint, Run, RunEvent
-from runs.services import run_enqueue, run_start
+from runs.services import run_cancel, run_enqueue, run_start
 from tests.support.waiting import wait_for
 
 
@@ -36,8 +39,6 @@ def test_cancel_asked_while_the_run_parks_ends_it_with_nothing_left_open(in_acme
 
 
 def test_cancelling_a_parent_cancels_its_children_and_theirs(acme, acme_api, worker):
-    from django_tenants.utils import tenant_context
-
     response = acme_api.post("/api/v1/runs", {"agent": "nest", "input": {"depth": 2}},
                              format="json")
     root = response.json()["id"]
@@ -99,13 +100,6 @@ def test_cancel_asked_before_a_run_is_claimed_again_wins_over_parking_it(in_acme
 def test_cancel_reaches_a_child_started_while_it_waited_for_the_parent(acme):
     """The parent's worker holds the parent's row while it starts a child (parking on it); a
     cancel that waited for that row still cancels the child committed meanwhile."""
-    import threading
-
-    from django.db import connection, connections
-    from django_tenants.utils import tenant_context
-
-    from runs.services import run_cancel
-
     with tenant_context(acme):
         parent = run_start(agent="slowpoke", input={}, enqueue=False).run
     child_started, cancel_done, outcome = threading.Event(), threading.Event(), {}

@@ -12,6 +12,7 @@ from django.db import OperationalError, connection
 
 from runs import engine
 from runs.dispatch.models import ReadyRun
+from runs.dispatch.services import dispatch_ready, ready_defer
 from runs.effects.models import Effect
 from runs.effects.services import EffectError, Scope, args_digest, effect_perform
 from runs.models import Branch, Run, RunEvent
@@ -168,8 +169,6 @@ def test_async_mode_holds_at_most_the_configured_writes_in_flight(in_acme, setti
 
 
 def test_a_requeued_run_is_not_handed_out_before_its_ready_time(in_acme):
-    from runs.dispatch.services import dispatch_ready, ready_defer
-
     run = start("chatter")
     ready_defer(run_id=run.id, delay_seconds=3600)
     dispatch_ready()

@@ -4,8 +4,10 @@ an operator can move a waiting or failed run to a newer version of its agent."""
 import time
 
 import pytest
+from django.core.management import call_command
 
 from agentplatform import localprocs
+from runs.approvals.models import Approval
 from runs.models import Run, RunEvent
 from runs.services import RunError, run_migrate, run_start
 from tests.conftest import LOGS
@@ -72,8 +74,6 @@ def test_migrate_refuses_unknown_and_older_versions(in_acme):
 
 
 def test_migrate_a_run_waiting_on_an_approval_only_changes_its_pin(in_acme):
-    from runs.approvals.models import Approval
-
     run = start("rollout", version=1)
     Run.objects.filter(id=run.id).update(status="waiting", waiting_reason="approval: ok?")
     Approval.objects.create(run=run, visit=0, request={"title": "ok?"}, then="work")
@@ -83,8 +83,6 @@ def test_migrate_a_run_waiting_on_an_approval_only_changes_its_pin(in_acme):
 
 
 def test_run_migrate_management_command(in_acme):
-    from django.core.management import call_command
-
     run = finished(start("rollout", version=1, input={"v1_breaks": True}).id)
     call_command("run_migrate", "acme", str(run.id), "2")
     assert Run.objects.get(id=run.id).agent_version == 2

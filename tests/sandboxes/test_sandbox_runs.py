@@ -20,6 +20,7 @@ from agentplatform.s3 import s3_client
 from runs import engine
 from runs.models import Run
 from runs.services import run_start
+from runs.tasks import advance
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
 from sandboxes.services import (
     SandboxSession,
@@ -203,8 +204,6 @@ def start_enqueued(steps, **input):
 
 def test_killed_worker_mid_command_resumes_on_another_with_the_last_snapshot(
         in_acme, start_worker, monkeypatch):
-    from runs.tasks import advance
-
     block = Path(settings.SANDBOX_WORKSPACE_ROOT) / f"block-{uuid.uuid4().hex}"
     block.touch()
     first = start_worker("sandbox-doomed")

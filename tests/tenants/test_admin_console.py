@@ -3,7 +3,10 @@
 from django.contrib.auth.models import User
 from django.db.models.functions import Now
 from django.test import Client
+from django_tenants.utils import tenant_context
 
+from runs.models import Run, RunEvent
+from runs.services import run_start
 from tenants.models import Tenant
 from tenants.services import tenant_reactivate
 
@@ -48,11 +51,6 @@ def test_founder_suspends_and_reactivates_a_tenant(globex, globex_api):
 
 
 def test_founder_sees_runs_of_a_chosen_tenant_with_their_leases_and_requeues_one(acme, globex):
-    from django_tenants.utils import tenant_context
-
-    from runs.models import Run, RunEvent
-    from runs.services import run_start
-
     with tenant_context(globex):
         stuck = run_start(agent="research", enqueue=False).run
         Run.objects.filter(id=stuck.id).update(status="running", lease_owner="host-9:4242",

@@ -5,9 +5,17 @@ import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+from django.test import Client
+from django_tenants.utils import tenant_context
+
+from integrations.services import credential_set
+from integrations.webhooks.services import slack_connection_create
 from integrations.webhooks.slack_approvals import approval_message_build
+from runs.effects.models import OutboxMessage
+from tests.support.api import status_of
 from tests.support.fakes.fixtures import fake_slack  # noqa: F401
 from tests.support.waiting import wait_for
+from tests.webhooks.slack import click_body, signed_headers
 
 
 def approval(**request):
@@ -40,14 +48,6 @@ def test_large_artifacts_are_cut_to_fit_a_section():
 
 def test_parked_approval_goes_to_slack_through_the_outbox_and_a_click_decides_it(
         acme, acme_api, worker, fake_slack):  # noqa: F811
-    from django.test import Client
-    from django_tenants.utils import tenant_context
-
-    from integrations.services import credential_set
-    from integrations.webhooks.services import slack_connection_create
-    from runs.effects.models import OutboxMessage
-    from tests.support.api import status_of
-    from tests.webhooks.slack import click_body, signed_headers
 
     secret = uuid.uuid4().hex
     slack = slack_connection_create(tenant=acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",
