@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from agentplatform.api_contract import (
     CommaSeparatedChoices,
+    NewestFirst,
     StrictStrings,
     ValidatedCursorPagination,
     error,
@@ -70,12 +71,6 @@ class AgentSerializer(serializers.Serializer):
 
 class AgentListSerializer(serializers.Serializer):
     results = AgentSerializer(many=True)
-
-
-class NewestFirst(ValidatedCursorPagination):
-    ordering = "-created_at"
-    page_size = 50
-    max_page_size = 500
 
 
 class InOrder(ValidatedCursorPagination):

@@ -206,3 +206,19 @@ class SchemaView(SpectacularAPIView):
             response.accepted_media_type = "application/json"
             response.renderer_context = self.get_renderer_context()
         return response
+
+
+class NewestFirst(ValidatedCursorPagination):
+    """Pages of a list, newest first (runs, approvals)."""
+
+    ordering = "-created_at"
+    page_size = 50
+    max_page_size = 500
+
+
+class OldestFirst(ValidatedCursorPagination):
+    """Pages of a list in the order things happened (the outbox)."""
+
+    ordering = "created_at"
+    page_size = 50
+    max_page_size = 500

@@ -8,8 +8,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agentplatform.api_contract import (
+    NewestFirst,
     StrictStrings,
-    ValidatedCursorPagination,
     error,
     filters_valid,
 )
@@ -62,16 +62,10 @@ class ApprovalFilterSerializer(serializers.Serializer):
     run = serializers.UUIDField(required=False)
 
 
-class Newest(ValidatedCursorPagination):
-    ordering = "-created_at"
-    page_size = 50
-    max_page_size = 500
-
-
 class ApprovalList(generics.ListAPIView):
     required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = ApprovalSerializer
-    pagination_class = Newest
+    pagination_class = NewestFirst
 
     filter_serializer_class = ApprovalFilterSerializer
 

@@ -6,7 +6,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentplatform.api_contract import ValidatedCursorPagination, error, filters_valid
+from agentplatform.api_contract import OldestFirst, error, filters_valid
 from runs.selectors import run_or_404
 from tenants.models import Scope
 
@@ -59,18 +59,12 @@ class RunEffects(APIView):
         })
 
 
-class Oldest(ValidatedCursorPagination):
-    ordering = "created_at"
-    page_size = 50
-    max_page_size = 500
-
-
 class OutboxList(generics.ListAPIView):
     """Outbox messages, e.g. `?status=unknown`: the ones waiting for a person to settle."""
 
     required_scopes = {"GET": Scope.RUNS_READ}
     serializer_class = OutboxSerializer
-    pagination_class = Oldest
+    pagination_class = OldestFirst
 
     filter_serializer_class = OutboxFilterSerializer
 
