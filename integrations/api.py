@@ -1,7 +1,5 @@
 """REST API for connector credentials (`/api/v1/credentials`). Secrets go in, never come out."""
 
-import re
-
 from django.core.validators import MinLengthValidator
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -35,11 +33,6 @@ class CredentialSetSerializer(serializers.Serializer):
 
 class CredentialPageSerializer(serializers.Serializer):
     results = CredentialSerializer(many=True)
-
-
-def _whole(pattern: re.Pattern) -> re.Pattern:
-    """The pattern for fullmatch: `$` alone lets a trailing newline through."""
-    return re.compile(pattern.pattern.removeprefix("^").removesuffix("$"))
 
 
 def _connector_known(name: str) -> bool:
@@ -82,12 +75,10 @@ class CredentialDetail(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # the key and its scopes first
         connector, label = kwargs["connector"], kwargs["label"]
-        if request.method == "PUT" and not _whole(services.LABEL).fullmatch(label):
+        if request.method == "PUT":
             # writing under a label no credential may have is a bad request, not a missing one
-            raise ApiError("invalid_label",
-                           f"{label!r} is not a valid label: 1-100 letters, digits, '.', '_' or '-'")
-        if not (_whole(services.NAME).fullmatch(connector)
-                and _whole(services.LABEL).fullmatch(label)):
+            services.credential_label_check(label)
+        if not (services.NAME.fullmatch(connector) and services.LABEL.fullmatch(label)):
             raise ApiError("not_found", "No such credential.")
         if request.method != "PUT" and not _connector_known(connector):
             raise ApiError("not_found", "No such credential.")

@@ -138,9 +138,14 @@ def _shape_problem(connector: str, secrets: dict[str, Any]) -> str:
 
 
 def _check_names(connector: str, label: str) -> None:
-    if not NAME.match(connector or ""):
+    if not NAME.fullmatch(connector or ""):  # fullmatch: `$` alone lets a trailing newline by
         raise CredentialError(f"{connector!r} is not a connector name", code="invalid_connector")
-    if not LABEL.match(label or ""):
+    credential_label_check(label)
+
+
+def credential_label_check(label: str) -> None:
+    """Raises invalid_label unless `label` is one a credential may have."""
+    if not LABEL.fullmatch(label or ""):
         raise CredentialError(
             f"{label!r} is not a valid label: 1-100 letters, digits, '.', '_' or '-'",
             code="invalid_label")

@@ -19,6 +19,7 @@ from integrations.services import (
     credential_set,
 )
 from tenants.services import data_key_get
+from tests.support.api import api_client
 
 TOKEN = "xoxb-acme-very-secret-token"
 
@@ -106,6 +107,9 @@ def test_names_and_secrets_are_validated(clean, acme):
     with tenant_context(acme):
         for kwargs, code in [({"connector": "Bad Name", "secrets": {"a": 1}}, "invalid_connector"),
                              ({"connector": "slack", "label": "", "secrets": {"a": 1}}, "invalid_label"),
+                             # `$` alone would let a trailing newline through
+                             ({"connector": "slack", "label": "ops\n", "secrets": {"a": 1}}, "invalid_label"),
+                             ({"connector": "slack\n", "secrets": {"a": 1}}, "invalid_connector"),
                              ({"connector": "slack", "secrets": {}}, "invalid_secrets"),
                              ({"connector": "slack", "secrets": {"a": "x" * 20000}}, "invalid_secrets")]:
             with pytest.raises(CredentialError) as raised:
@@ -179,7 +183,6 @@ def test_the_api_rejects_bad_requests_with_codes(clean, acme_api):
         response = acme_api.put(url, body, format="json")
         assert response.status_code == 400, (url, response.content)
         assert response.json()["error"]["code"] == code
-    from tests.support.api import api_client
 
     assert api_client(None).get("/api/v1/credentials").status_code == 401
 
