@@ -137,7 +137,7 @@ class RunCancel(APIView):
         202: RunSerializer, 409: error("`run_finished`: the run already ended.")})
     def post(self, request, run_id):
         run_or_404(run_id)
-        run = services.run_cancel(run_id=run_id)
+        run = services.run_cancel(run_id=run_id, by=f"api:{request.user.api_key.name}")
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -152,7 +152,8 @@ class RunFork(APIView):
         run_or_404(run_id)
         body = ForkSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        fork = services.run_fork(run_id=run_id, **body.validated_data)
+        fork = services.run_fork(run_id=run_id, by=f"api:{request.user.api_key.name}",
+                                 **body.validated_data)
         return Response(RunSerializer(fork).data, status=status.HTTP_201_CREATED)
 
 

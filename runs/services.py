@@ -103,9 +103,10 @@ def _same_request(run: Run, agent: str, version: int | None, input: dict) -> Run
 
 
 @retried_on_conflict
-def run_cancel(*, run_id: UUID) -> Run:
+def run_cancel(*, run_id: UUID, by: str = "") -> Run:
     """Cancel the run and every unfinished run it started (and theirs): now if no worker runs
-    it, otherwise at the running step's end (or as it parks: cancel wins)."""
+    it, otherwise at the running step's end (or as it parks: cancel wins). `by`: who asked, in
+    the root run's events (`api:<key name>`, `user:<email>`)."""
     with transaction.atomic():
         tree = _unfinished_descendants(run_id)
         # Lock order (docs/decisions/0008): children before their parents, as a child's end
@@ -123,9 +124,9 @@ def run_cancel(*, run_id: UUID) -> Run:
         tree = _unfinished_descendants(run_id)
         for descendant_id in reversed(tree):
             Run.objects.select_for_update().filter(id=descendant_id).first()
-        _cancel_locked(run)
+        _cancel_locked(run, by=by)
         for descendant in Run.objects.filter(id__in=tree).exclude(status__in=Run.FINISHED):
-            _cancel_locked(descendant)
+            _cancel_locked(descendant, by=by)
     run.refresh_from_db()
     return run
 
@@ -140,10 +141,11 @@ def _unfinished_descendants(run_id: UUID) -> list[UUID]:
     return found
 
 
-def _cancel_locked(run: Run) -> None:
+def _cancel_locked(run: Run, *, by: str = "") -> None:
+    who = {"by": by} if by else {}
     if run.status == Run.Status.RUNNING:  # its worker ends it at the next step boundary
         Run.objects.filter(id=run.id).update(cancel_requested=True)
-        event_record(run_id=run.id, kind="cancel_requested")
+        event_record(run_id=run.id, kind="cancel_requested", **who)
         return
     now = timezone.now()
     Run.objects.filter(id=run.id).update(
@@ -154,7 +156,7 @@ def _cancel_locked(run: Run) -> None:
         status=Branch.Status.FAILED, error="run cancelled", finished_at=now)
     inbox().parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
     ready_clear(run_id=run.id)
-    event_record(run_id=run.id, kind="run_cancelled")
+    event_record(run_id=run.id, kind="run_cancelled", **who)
     child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
 
 
@@ -175,7 +177,7 @@ def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
 
 
 def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
-             enqueue: bool = True) -> Run:
+             enqueue: bool = True, by: str = "") -> Run:
     """A new run that starts from checkpoint `visit` of a finished run, which stays untouched.
 
     Where the run parked (or at the checkpoint its wake-up wrote, which holds the answer) the
@@ -223,7 +225,7 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
                 for e in entries.iterator()
             )
         event_record(run_id=fork.id, kind="run_forked", visit=checkpoint.visit,
-                     source=str(source.id), source_visit=visit)
+                     source=str(source.id), source_visit=visit, **({"by": by} if by else {}))
         if branches:
             _fork_branches(fork, branches, enqueue=enqueue)
         elif reopens:

@@ -1,8 +1,10 @@
-"""Tenants and what lives beside them in the public schema: API keys, wrapped data keys, and the
-audit log of staff looking into a tenant's runs."""
+"""Tenants and what lives beside them in the public schema: API keys, wrapped data keys, the
+audit log of staff looking into a tenant's runs, and the tenant's people (memberships with a
+role, invitations, the tenant's audit log of what its people did)."""
 
 import uuid
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django_tenants.models import DomainMixin, TenantMixin
@@ -23,6 +25,8 @@ class Tenant(TenantMixin):
     # The console shows this tenant's runs (and outbox) to superusers only; other staff get 404.
     superusers_only = models.BooleanField(
         default=False, help_text="Only superusers may see this tenant's runs in the console.")
+    # Set by an owner: the tenant's dashboard asks every member for a TOTP code at sign-in.
+    require_2fa = models.BooleanField(default=False)
     # Schemas are created explicitly by tenant_create (it also migrates them).
     auto_create_schema = False
     auto_drop_schema = True
@@ -119,3 +123,74 @@ class ConsoleAccess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username} {self.view} {self.tenant_schema} {self.at:%Y-%m-%d %H:%M}"
+
+
+class Role(models.TextChoices):
+    """A member's role in one tenant; what each may do is tenants.roles.PERMISSIONS."""
+
+    OWNER = "owner"  # members, API keys, settings, and everything below
+    ADMIN = "admin"  # connections and credentials, and everything below but members and keys
+    OPERATOR = "operator"  # start, cancel, fork, re-queue and migrate runs
+    APPROVER = "approver"  # decide approvals
+    VIEWER = "viewer"  # read
+
+
+class Membership(models.Model):
+    """A person (a Django user, email as username) in a tenant, with one role there."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique"),
+            models.CheckConstraint(condition=models.Q(role__in=Role.values),
+                                   name="membership_role_known"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class Invitation(models.Model):
+    """An invitation by email to join a tenant with a role. Only the SHA-256 of its token is
+    stored; the token travels in the emailed link and is good once, until expires_at."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.CharField(max_length=254)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(role__in=Role.values),
+                                   name="invitation_role_known"),
+        ]
+
+
+class AuditEntry(models.Model):
+    """One thing a tenant's person did outside a run's event log: a member invited, a key
+    created, a setting changed. Append-only (a trigger refuses UPDATE and DELETE); no foreign
+    keys, so it outlives the account it names. Deleted with the tenant."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(auto_now_add=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="audit_entries",
+                               db_constraint=True)
+    actor = models.CharField(max_length=260)  # "user:<email>"
+    action = models.CharField(max_length=60)  # "member.invited", "api_key.created", ...
+    target = models.CharField(max_length=300, blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-at"], name="audit_tenant_at")]
+        ordering = ["-at", "-id"]

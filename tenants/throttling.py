@@ -170,7 +170,8 @@ class AdminLoginThrottleMiddleware:
                  settings.ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS)]
 
     def __call__(self, request):
-        if request.method != "POST" or request.path != reverse("admin:login"):
+        if request.method != "POST" or request.path not in (reverse("admin:login"),
+                                                            reverse("dashboard:login")):
             return self.get_response(request)
         username = request.POST.get("username", "")
         keys = [admin_login_failures_key(client_address(request), username),

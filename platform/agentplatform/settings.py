@@ -39,6 +39,10 @@ SHARED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # static files of the docs UI at /api/v1/docs
+    "django_htmx",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "dashboard",  # the customers' web dashboard at /
 ]
 TENANT_APPS = [
     "django.contrib.contenttypes",
@@ -76,12 +80,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 MIDDLEWARE = [
     "tenants.middleware.PublicSchemaMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, served by the platform itself
     "agentplatform.limits.RequestSizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "tenants.throttling.AdminLoginThrottleMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "tenants.throttling.AdminLoginThrottleMiddleware",  # the admin's and the dashboard's logins
+    "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -97,12 +104,35 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.context.dashboard",
             ]
         },
     }
 ]
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".dev" / "static"
+# Without collectstatic (development, tests) whitenoise serves from the apps' static folders.
+WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
+
+# The dashboard's people: Django users, email as username, passwords hashed with Argon2id.
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",  # accounts made before Argon2 still log in
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:home"
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=12 * 3600)
+OTP_TOTP_ISSUER = env("OTP_TOTP_ISSUER", default="Agent Platform")
+# The dashboard's address in emails (invitations, password resets); empty: the request's host.
+DASHBOARD_URL = env("DASHBOARD_URL", default="")
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="Agent Platform <noreply@localhost>")
 USE_TZ = True
 TIME_ZONE = "UTC"
 

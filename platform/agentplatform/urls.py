@@ -59,6 +59,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("webhooks/", include(webhooks)),
+    path("", include("dashboard.urls")),  # the customers' dashboard, last: it owns the rest
 ]
 
 # Under /api/ every error is the API's JSON shape; elsewhere (the admin) Django's own pages.

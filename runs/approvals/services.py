@@ -6,6 +6,7 @@ in one transaction, through `runs.services.run_resume`.
 """
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -80,8 +81,10 @@ class ApprovalError(RunError):
 @retried_on_conflict
 def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str = "",
                     artifact: Any = None, result: Any = None,
-                    at: datetime | None = None) -> Approval:
+                    at: datetime | None = None, identities: Iterable[str] = ()) -> Approval:
     """Close the approval and re-queue its run in one transaction; refuse anything stale.
+    `identities`: other names the decider goes by in `deciders` (a dashboard user is
+    `user:<email>`, their bare email and `role:<role>`); `by` is what is recorded.
     `result`: for an "outcome unknown" approval answered "delivered", what the step reads.
     `at`: when the platform accepted the decision (a webhook's inbox item), if not now; the
     approval's expiry is checked against it."""
@@ -95,7 +98,7 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
             raise ApprovalError("approval_closed", f"This approval is already {approval.status}.")
         if approval.expires_at and approval.expires_at <= (at or timezone.now()):
             raise ApprovalError("approval_expired", "This approval has expired.")
-        if approval.deciders and by not in approval.deciders:
+        if approval.deciders and not {by, *identities} & set(approval.deciders):
             raise ApprovalError("not_a_decider", f"{by} may not decide this approval.")
         if result is not None and not (approve and approval.kind == Approval.Kind.EFFECT_OUTCOME):
             raise ApprovalError("result_not_allowed", "A result is given only when approving "
