@@ -99,7 +99,8 @@ def _list(value: list, depth: int) -> SafeString:
                 (_render(item[c], depth + 1) if c in item else mark_safe(""),)
                 for c in columns)),)
             for item in shown))
-        return format_html('<div class="table-wrap json-table"><table><thead><tr>{}</tr></thead>'
+        return format_html('<div class="table-wrap json-table" tabindex="0" role="region" aria-label="Table">'
+                           '<table><thead><tr>{}</tr></thead>'
                            '<tbody>{}</tbody></table></div>{}', head, body, more)
     items = format_html_join("", "<li>{}</li>", ((_render(v, depth + 1),) for v in shown))
     return format_html('<ul class="json-list">{}</ul>{}', items, more)
