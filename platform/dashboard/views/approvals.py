@@ -46,17 +46,17 @@ class DecisionForm(forms.Form):
                                widget=forms.Textarea(attrs={
                                    "rows": 14, "spellcheck": "false", "data-json-editor": ""}))
 
-    def __init__(self, *args, kind: str, **kwargs):
+    def __init__(self, *args, editable: bool, **kwargs):
         super().__init__(*args, **kwargs)
-        self.kind = kind
+        self.editable = editable
 
     def clean(self):
         data = super().clean()
         if data.get("decision") != "approve_edited":
             data["edited"] = None
             return data
-        if self.kind != Approval.Kind.APPROVAL:
-            raise forms.ValidationError("Only an approval's artifact can be edited.")
+        if not self.editable:
+            raise forms.ValidationError("This approval has no artifact to edit.")
         try:
             edited = json.loads(data.get("artifact") or "")
         except json.JSONDecodeError as exc:
@@ -98,7 +98,8 @@ def shown(approval: Approval, member, now) -> dict:
         "expired": expired(approval, now),
         "may_decide": may_decide(member, approval) and not expired(approval, now),
         "approve_label": approve, "reject_label": reject,
-        "editable": approval.kind == Approval.Kind.APPROVAL,
+        # an effect's outcome or a budget is answered, not edited; nor is a request without one
+        "editable": approval.kind == Approval.Kind.APPROVAL and "artifact" in request,
     }
 
 
@@ -123,11 +124,12 @@ def approval(request, tenant, approval_id: UUID):
         found = approval_or_404(approval_id)  # another tenant's is not in this schema
     except ServiceError as exc:
         raise Http404(exc.message) from exc
+    item = shown(found, request.member, timezone.now())
     form, status = None, 200
     if request.method == "POST":
         if not request.member.may(APPROVALS_DECIDE):
             raise PermissionDenied(f"Your role ({request.member.role}) may not decide approvals.")
-        form = DecisionForm(request.POST, kind=found.kind)
+        form = DecisionForm(request.POST, editable=item["editable"])
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -138,6 +140,7 @@ def approval(request, tenant, approval_id: UUID):
             except ServiceError as exc:  # closed, expired, not a decider, run not waiting
                 messages.error(request, exc.message)
                 found.refresh_from_db()
+                item = shown(found, request.member, timezone.now())
                 status = 409
             else:
                 chosen = dict(zip(("approve", "reject"), CHOICES[decided.kind], strict=True))
@@ -146,9 +149,8 @@ def approval(request, tenant, approval_id: UUID):
                 return redirect("dashboard:approval", tenant=tenant, approval_id=found.id)
         else:
             status = 400
-    item = shown(found, request.member, timezone.now())
     if form is None:
-        form = DecisionForm(kind=found.kind, initial={"artifact": json.dumps(
+        form = DecisionForm(editable=item["editable"], initial={"artifact": json.dumps(
             item["artifact"], indent=2, ensure_ascii=False)})
     return render(request, "dashboard/approvals/detail.html", {
         "section": "approvals", "item": item, "form": form, "tenant": tenant,
