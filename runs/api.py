@@ -117,7 +117,8 @@ class RunListCreate(generics.ListAPIView):
         if key and not IDEMPOTENCY_KEY.fullmatch(key):  # a NUL would be a 500 at the insert
             raise ApiError("invalid_idempotency_key",
                            "Idempotency-Key must be printable ASCII (space to ~)")
-        started = services.run_start(idempotency_key=key, **body.validated_data)
+        started = services.run_start(idempotency_key=key, by=f"api:{request.user.api_key.name}",
+                                     **body.validated_data)
         return Response(RunSerializer(started.run).data,
                         status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK)
 
