@@ -4,6 +4,7 @@ Tests share the database: each one marks its runs with a token of its own in the
 narrows the list by it."""
 
 import datetime as dt
+import json
 import re
 import uuid
 
@@ -74,7 +75,10 @@ def test_what_a_waiting_run_waits_for(acme, as_role):
                                                      "tag": tag}).id),
             "timer": finished(start("waiter", input={"how": "sleep", "seconds": 3600,
                                                      "tag": tag}).id),
-            "child": finished(start("waiter", input={"how": "child", "tag": tag}).id),
+            # a child wait is a gate on the child's id, of kind child_run; opened here without
+            # a real child, which a session's worker would run to its end under the test
+            "child": finished(start("waiter", input={"how": "event", "kind": "child_run",
+                                                     "key": str(uuid.uuid4()), "tag": tag}).id),
         }
         # an approval with a timeout also has a wakeup: it waits for the approval, not a timer
         timed = finished(start("waiter", input={"how": "approval", "timeout": 3600,
@@ -208,8 +212,9 @@ def test_another_tenants_run_in_a_bulk_action_is_not_found_and_not_touched(acme,
 def test_a_bulk_post_without_runs_or_action_is_an_error_message(acme, as_role):
     assert texts(as_role("operator").post("/t/acme/runs/bulk", {"action": "cancel"})) == [
         "Select at least one run."]
-    assert texts(as_role("operator").post("/t/acme/runs/bulk", {"action": "explode", "run": [str(uuid.uuid4())]})) \
-        == ["Choose an action: cancel or re-queue."]
+    unknown = {"action": "explode", "run": [str(uuid.uuid4())]}
+    assert texts(as_role("operator").post("/t/acme/runs/bulk", unknown)) == [
+        "Choose an action: cancel or re-queue."]
 
 
 @pytest.mark.parametrize("role", ["viewer", "approver"])
@@ -257,7 +262,7 @@ def test_the_start_form_lists_latest_agents_and_prefills_the_example(acme, as_ro
 def test_bad_json_is_shown_next_to_the_input_and_starts_nothing(acme):
     tag = token()
     client = signed_in(person(acme, "operator"))
-    typed = '{"topic": "%s", oops}' % tag
+    typed = '{"topic": "' + tag + '", oops}'
     response = client.post("/t/acme/runs/start", start_form(client, input=typed))
     html = response.content.decode()
     assert response.status_code == 200 and "Not valid JSON" in html
@@ -271,7 +276,7 @@ def test_bad_json_is_shown_next_to_the_input_and_starts_nothing(acme):
 def test_input_that_breaks_the_agents_schema_is_shown_with_its_paths(acme):
     tag = token()
     client = signed_in(person(acme, "operator"))
-    typed = '{"employee": {"name": "%s"}, "hardware_timeout_seconds": "soon"}' % tag
+    typed = json.dumps({"employee": {"name": tag}, "hardware_timeout_seconds": "soon"})
     response = client.post("/t/acme/runs/start",
                            start_form(client, agent="onboarding", input=typed))
     html = response.content.decode()
@@ -287,7 +292,7 @@ def test_a_started_run_is_recorded_with_who_and_a_double_submit_starts_one(acme)
     tag = token()
     operator = person(acme, "operator")
     client = signed_in(operator)
-    form = start_form(client, input='{"topic": "%s", "iterations": 1}' % tag, durability="async")
+    form = start_form(client, input=json.dumps({"topic": tag, "iterations": 1}), durability="async")
     first = client.post("/t/acme/runs/start", form)
     again = client.post("/t/acme/runs/start", form)
     assert first.status_code == again.status_code == 302
@@ -301,7 +306,7 @@ def test_a_started_run_is_recorded_with_who_and_a_double_submit_starts_one(acme)
         created = run_event_list(run_id=run.id).get(kind="run_created")
         assert created.data["by"] == f"user:{operator.username}"
     # the same form sent again with other values: a new key, and nothing started yet
-    changed = client.post("/t/acme/runs/start", {**form, "input": '{"topic": "%s-2"}' % tag})
+    changed = client.post("/t/acme/runs/start", {**form, "input": json.dumps({"topic": f"{tag}-2"})})
     assert changed.status_code == 200 and "already used" in changed.content.decode()
     assert form["idempotency_key"] not in changed.content.decode()
 
