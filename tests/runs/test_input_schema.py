@@ -1,6 +1,8 @@
 """Agents' input schemas: run_start refuses input that breaks one (invalid_input, naming each
 failing path), through the API too; agents without a schema take any object."""
 
+import uuid
+
 import pytest
 from django_tenants.utils import tenant_context
 
@@ -40,3 +42,21 @@ def test_a_broken_schema_fails_when_the_agent_is_defined():
     with pytest.raises(Exception, match="is not valid under any of the given schemas|is not of type"):
         Agent("broken_schema", version=1, input_schema={"type": 12})
     registry.unregister("broken_schema", 1)
+
+
+def test_the_api_list_takes_the_dashboards_filters(acme, acme_api):
+    with tenant_context(acme):
+        tag = f"api-{uuid.uuid4().hex[:8]}"
+        mine = run_start(agent="research", input={"topic": tag}, enqueue=False).run
+        run_start(agent="chatter", input={"tag": tag}, enqueue=False)
+    found = acme_api.get("/api/v1/runs", {"text": tag.upper(), "agent": "research", "version": 1,
+                                          "created_from": "2020-01-01T00:00:00Z"})
+    assert found.status_code == 200, found.content
+    assert [r["id"] for r in found.json()["results"]] == [str(mine.id)]
+    later = acme_api.get("/api/v1/runs", {"text": tag, "created_to": "2020-01-01T00:00:00Z"})
+    assert later.json()["results"] == []
+    assert acme_api.get("/api/v1/runs", {"text": tag, "waiting_for": "approval"}).json()[
+        "results"] == []
+    bad = acme_api.get("/api/v1/runs", {"waiting_for": "godot", "created_from": "soon"})
+    assert bad.status_code == 400 and set(bad.json()["error"]["fields"]) == {
+        "waiting_for", "created_from"}
