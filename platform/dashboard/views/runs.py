@@ -34,7 +34,8 @@ assert [value for value, _ in WAITS] == list(WAITING_FOR)
 class RunFilterForm(forms.Form):
     status = forms.MultipleChoiceField(choices=Run.Status.choices, required=False,
                                        widget=forms.CheckboxSelectMultiple)
-    agent = forms.CharField(required=False, max_length=100)
+    agent = forms.CharField(required=False, max_length=100,
+                            widget=forms.TextInput(attrs={"list": "agent-names"}))
     version = forms.IntegerField(required=False, min_value=1, max_value=2_147_483_647)
     created_from = forms.DateTimeField(
         required=False, label="Created from",
@@ -80,7 +81,8 @@ def _listing(request) -> dict:
             "older": page + 1 if len(runs) > PAGE and page < MAX_PAGE else None,
             "newer": page - 1 if page > 1 else None,
             "query": query.urlencode(), "full_query": request.GET.urlencode(),
-            "filtered": any(v for k, v in request.GET.lists() if k != "page")}
+            "filtered": any(v for k, v in request.GET.lists() if k != "page"),
+            "agent_names": sorted({agent.name for agent in registry.all()})}
 
 
 @tenant_page()

@@ -22,6 +22,12 @@
   let ticked = [];
   document.addEventListener("htmx:beforeSwap", (event) => {
     if (event.detail.target.id !== "run-rows") return;
+    if (/<html[\s>]/i.test(event.detail.serverResponse || "")) {
+      // a whole page (signed out: the login page) is no rows: show it as the page instead
+      event.detail.shouldSwap = false;
+      window.location.reload();
+      return;
+    }
     ticked = [...event.detail.target.querySelectorAll("input[name=run]:checked")].map((box) => box.value);
   });
   document.addEventListener("htmx:afterSwap", (event) => {
