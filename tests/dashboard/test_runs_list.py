@@ -13,6 +13,7 @@ from django.contrib.messages import get_messages
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from agentplatform.errors import ServiceError
 from runs.models import Run
 from runs.selectors import run_event_list, run_list
 from tests.support.runs import finished, start
@@ -106,8 +107,9 @@ def test_bad_filter_values_are_shown_and_the_page_still_renders(acme, as_role):
 
 
 def test_the_selector_refuses_unknown_filters(in_acme):
-    with pytest.raises(Exception, match="unknown wait"):
-        list(run_list(waiting_for=["godot"]))
+    with pytest.raises(ServiceError, match="unknown wait") as refused:
+        run_list(waiting_for=["godot"])
+    assert refused.value.code == "invalid_filter"
 
 
 def test_an_htmx_request_gets_only_the_rows_with_the_same_filters(acme, as_role):

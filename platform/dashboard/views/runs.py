@@ -224,7 +224,7 @@ def _run_page(tenant: str, run_id) -> str:
 
 
 @tenant_page(RUNS_WRITE)
-def run_start(request, tenant):
+def start_run(request, tenant):
     agents = _latest_agents()
     if request.method == "POST":
         form = StartRunForm(request.POST, agents=agents)
@@ -277,5 +277,5 @@ def _service_error_on(form: StartRunForm, exc: ServiceError) -> None:
 urlpatterns = [
     path("runs", runs, name="runs"),
     path("runs/bulk", runs_bulk, name="runs_bulk"),
-    path("runs/start", run_start, name="run_start"),
+    path("runs/start", start_run, name="run_start"),
 ]
