@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from jsonschema import Draft202012Validator
 
 from .transitions import Transition
 
@@ -74,12 +75,27 @@ class Agent:
     # for a person, who may double the budget.
     on_budget: str = "fail"
     retention: RetentionPolicy | None = None  # None: the RETENTION_* settings
+    # What the agent takes as input: a JSON Schema (checked by run_start; None: any object),
+    # and an example input a person can start from (the dashboard's start form shows it).
+    input_schema: dict | None = None
+    input_example: dict | None = None
     steps: dict[str, Step] = field(default_factory=dict, init=False)
     start: str | None = field(default=None, init=False)
 
     def __post_init__(self):
         self.logs = tuple(self.logs)
+        if self.input_schema is not None:  # a broken schema fails at import, not at a run's start
+            Draft202012Validator.check_schema(self.input_schema)
         registry.register(self)
+
+    def input_errors(self, input: dict) -> list[str]:
+        """Where `input` breaks the agent's input schema, one line per failure, each naming
+        the path in the input (`$.employee.email`); empty when it conforms or has no schema."""
+        if self.input_schema is None:
+            return []
+        validator = Draft202012Validator(self.input_schema)
+        errors = sorted(validator.iter_errors(input), key=lambda e: list(map(str, e.absolute_path)))
+        return [f"{e.json_path}: {e.message}" for e in errors]
 
     def step(self, *, next: Iterable[str] = (), start: bool = False,
              retry: RetryPolicy | None = None, name: str | None = None):

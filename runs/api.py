@@ -25,7 +25,7 @@ from tenants.models import Scope
 from . import services
 from .agents import registry
 from .models import Run
-from .selectors import checkpoint_list, run_event_list, run_list, run_or_404
+from .selectors import WAITING_FOR, checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
 # An Idempotency-Key: printable ASCII, no surrounding blanks (they are stripped), 1-255 long.
@@ -59,6 +59,14 @@ class MigrateSerializer(serializers.Serializer):
 class RunFilterSerializer(serializers.Serializer):
     status = CommaSeparatedChoices(Run.Status.values, required=False)
     agent = serializers.CharField(required=False, max_length=100)
+    version = serializers.IntegerField(required=False, min_value=1, max_value=2_147_483_647)
+    created_from = serializers.DateTimeField(required=False,
+                                             help_text="Runs created at or after this time.")
+    created_to = serializers.DateTimeField(required=False, help_text="Runs created before this time.")
+    text = serializers.CharField(required=False, max_length=200, help_text=(
+        "Found in the run's input or result (case-insensitive, in the JSON as text)."))
+    waiting_for = CommaSeparatedChoices(WAITING_FOR, required=False, help_text=(
+        "Waiting runs that wait for any of: approval, event, timer, child (comma-separated)."))
 
 
 class AgentSerializer(serializers.Serializer):
@@ -96,7 +104,10 @@ class RunListCreate(generics.ListAPIView):
 
     def get_queryset(self):
         filters = filters_valid(self.filter_serializer_class, self.request)
-        return run_list(statuses=filters.get("status"), agent=filters.get("agent"))
+        return run_list(statuses=filters.get("status"), agent=filters.get("agent"),
+                        version=filters.get("version"), created_from=filters.get("created_from"),
+                        created_to=filters.get("created_to"), text=filters.get("text"),
+                        waiting_for=filters.get("waiting_for"))
 
     @extend_schema(
         request=RunCreateSerializer,
@@ -117,7 +128,8 @@ class RunListCreate(generics.ListAPIView):
         if key and not IDEMPOTENCY_KEY.fullmatch(key):  # a NUL would be a 500 at the insert
             raise ApiError("invalid_idempotency_key",
                            "Idempotency-Key must be printable ASCII (space to ~)")
-        started = services.run_start(idempotency_key=key, **body.validated_data)
+        started = services.run_start(idempotency_key=key, by=f"api:{request.user.api_key.name}",
+                                     **body.validated_data)
         return Response(RunSerializer(started.run).data,
                         status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK)
 

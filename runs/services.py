@@ -44,8 +44,10 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
               durability: str = Run.Durability.SYNC, max_steps: int | None = None,
               max_wall_seconds: float | None = None, max_tokens: int | None = None,
               max_cost_usd=None, idempotency_key: str | None = None,
-              parent_id: UUID | None = None, enqueue: bool = True) -> Started:
+              parent_id: UUID | None = None, enqueue: bool = True, by: str = "") -> Started:
     """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
+    The input must match the agent's input schema, if it has one (invalid_input, naming each
+    failing path). `by`: who started it, in its run_created event.
 
     A reused idempotency key returns the run it created, if the request was the same.
     """
@@ -62,6 +64,10 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         raise RunError("unknown_agent", str(exc)) from None
     if durability not in Run.Durability.values:
         raise RunError("invalid_durability", f"durability must be one of {Run.Durability.values}")
+    problems = definition.input_errors(input)
+    if problems:
+        raise RunError("invalid_input", f"input does not match {definition.name}'s input "
+                       f"schema: {'; '.join(problems)}")
     try:
         state = state_merge({}, input)
     except StateTooLarge as exc:
@@ -81,7 +87,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
                 agent_version=run.agent_version, topology_hash=run.topology_hash,
             )
             event_record(run_id=run.id, kind="run_created", visit=0, agent=run.agent,
-                         version=run.agent_version, durability=durability)
+                         version=run.agent_version, durability=durability,
+                         **({"by": by} if by else {}))
             if enqueue:
                 run_enqueue(run.id)
     except IntegrityError:

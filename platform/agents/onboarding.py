@@ -17,9 +17,30 @@ from datetime import timedelta
 from runs.agents import Agent
 from runs.transitions import fail, finish, goto, run_child, wait_for_approval, wait_for_event
 
+INPUT_SCHEMA = {
+    "type": "object",
+    "required": ["employee"],
+    "properties": {
+        "employee": {"type": "object", "required": ["name", "email"], "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "email": {"type": "string", "minLength": 3, "pattern": "^[^@\\s]+@[^@\\s]+$"}}},
+        "manager": {"type": "string", "minLength": 1,
+                    "description": "who decides the day-one schedule (user:<email>, an email "
+                                   "or role:<role>); any approver when absent"},
+        "it_email": {"type": "string", "minLength": 3},
+        "role": {"type": "string"},
+        "start_date": {"type": "string"},
+        "hardware_timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+INPUT_EXAMPLE = {"employee": {"name": "Ada Lovelace", "email": "ada@example.com"},
+                 "manager": "role:approver", "it_email": "it@example.com",
+                 "start_date": "2026-01-05", "hardware_timeout_seconds": 259200}
+
 onboarding = Agent("onboarding", version=1,
                    description="Welcome packet, signed documents, IT provisioning, the manager's "
-                               "approval, hardware delivery, the day-one schedule.")
+                               "approval, hardware delivery, the day-one schedule.",
+                   input_schema=INPUT_SCHEMA, input_example=INPUT_EXAMPLE)
 MAX_SCHEDULE_REVISIONS = 3
 
 

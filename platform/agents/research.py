@@ -9,8 +9,20 @@ import hashlib
 from runs.agents import Agent
 from runs.transitions import finish, goto
 
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "minLength": 1},
+        "iterations": {"type": "integer", "minimum": 1},
+        "budget": {"type": "integer", "minimum": 0},
+        "cost_per_iteration": {"type": "integer", "minimum": 0},
+    },
+}
+
 research = Agent("research", version=1, logs=["findings"],
-                 description="Appends a finding per iteration; stops after N or a budget.")
+                 description="Appends a finding per iteration; stops after N or a budget.",
+                 input_schema=INPUT_SCHEMA,
+                 input_example={"topic": "durable agents", "iterations": 3, "budget": 100})
 
 
 @research.step(start=True, next=["investigate"])
