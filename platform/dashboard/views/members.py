@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from tenants.models import Role
+from tenants.models import Invitation, Role
 from tenants.people import (
     PeopleError,
     audit_list,
@@ -136,7 +136,10 @@ def invitation_delete(request, tenant, invitation_id):
         invitation_revoke(tenant=request.member.tenant, invitation_id=invitation_id,
                           by=request.member.actor)
     except PeopleError as exc:
-        messages.error(request, _not_found_or(exc))
+        # This tenant's invitation, accepted or revoked meanwhile (a second click): say so.
+        # Another tenant's is not found here.
+        mine = Invitation.objects.filter(tenant=request.member.tenant, id=invitation_id).exists()
+        messages.error(request, exc.message if mine else _not_found_or(exc))
     else:
         messages.success(request, "The invitation is revoked: its link no longer works.")
     return redirect("dashboard:members", tenant=tenant)
