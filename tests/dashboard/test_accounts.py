@@ -13,6 +13,7 @@ from django.utils import timezone
 from tenants.models import AuditEntry, Invitation, Membership
 from tenants.people import invitation_create, invitation_revoke
 from tests.support.fakes.fixtures import smtp_server  # noqa: F401  (a fixture)
+from tests.support.fakes.smtp import free_port
 from tests.support.mail import link_in, smtp_to, text_of
 
 from .conftest import PASSWORD, person, signed_in
@@ -162,6 +163,17 @@ def test_an_unknown_email_gets_the_same_sent_page_and_no_email(smtp_server):  # 
         response = Client().post("/password-reset", {"email": fresh_email("nobody.test")})
     assert response.status_code == 302 and response["Location"] == "/password-reset/sent"
     assert smtp_server.messages == []
+
+
+def test_a_mail_server_that_is_down_gets_the_same_sent_page_not_an_error(acme):
+    user = person(acme, "viewer")
+
+    class Nowhere:
+        host, port = "127.0.0.1", free_port()  # nothing listens there
+
+    with smtp_to(Nowhere):
+        response = Client().post("/password-reset", {"email": user.username})
+    assert response.status_code == 302 and response["Location"] == "/password-reset/sent"
 
 
 def test_an_account_made_without_a_password_may_set_one_by_email(acme, smtp_server):  # noqa: F811

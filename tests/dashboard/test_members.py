@@ -256,3 +256,18 @@ def test_the_audit_log_lists_newest_first_in_pages_and_only_this_tenants(acme, g
     assert b'rel="prev"' in second.content
     member_add(tenant=acme, email=fresh_email(), role="viewer", by=f"user:{owner.username}")
     assert b"member.added" in client.get("/t/acme/audit").content
+
+
+def test_an_owner_who_steps_down_or_leaves_lands_on_their_tenants(acme):
+    person(acme, "owner")  # another owner stays
+    owner, client = owner_client(acme)
+    mine = Membership.objects.get(user=owner, tenant=acme)
+    response = client.post(f"/t/acme/members/{mine.id}/role", {"role": "viewer"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    mine.refresh_from_db()
+    assert mine.role == "viewer"
+    owner, client = owner_client(acme)
+    mine = Membership.objects.get(user=owner, tenant=acme)
+    response = client.post(f"/t/acme/members/{mine.id}/remove")
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert not Membership.objects.filter(id=mine.id).exists()

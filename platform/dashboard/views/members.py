@@ -113,6 +113,8 @@ def member_role(request, tenant, membership_id: int):
         messages.error(request, _not_found_or(exc))
     else:
         messages.success(request, f"{membership.user.username} is now {membership.role}.")
+        if membership.user_id == request.user.id and membership.role != Role.OWNER:
+            return redirect("dashboard:home")  # no longer an owner: this page is not theirs
     return redirect("dashboard:members", tenant=tenant)
 
 
@@ -125,6 +127,9 @@ def member_delete(request, tenant, membership_id: int):
     except PeopleError as exc:
         messages.error(request, _not_found_or(exc))
     else:
+        if membership_id == request.member.membership.id:
+            messages.success(request, "You left the tenant.")
+            return redirect("dashboard:home")
         messages.success(request, "The member is removed from this tenant.")
     return redirect("dashboard:members", tenant=tenant)
 
