@@ -158,6 +158,15 @@ def test_the_link_uses_dashboard_url_when_set(acme, smtp_server):  # noqa: F811
     assert "https://dash.example.com/password-reset/" in text_of(message)
 
 
+def test_asking_again_at_once_sends_no_second_email(acme, smtp_server):  # noqa: F811
+    user = person(acme, "viewer")
+    with smtp_to(smtp_server):
+        for _ in range(3):
+            response = Client().post("/password-reset", {"email": user.username})
+            assert response.status_code == 302 and response["Location"] == "/password-reset/sent"
+    assert len(smtp_server.inbox.by_header("To", user.username)) == 1
+
+
 def test_an_unknown_email_gets_the_same_sent_page_and_no_email(smtp_server):  # noqa: F811
     with smtp_to(smtp_server):
         response = Client().post("/password-reset", {"email": fresh_email("nobody.test")})

@@ -6,6 +6,7 @@ Personal changes (a password changed or reset, a device set up or removed) are r
 audit log of every tenant the person belongs to: those tenants' owners answer for who gets in."""
 
 import base64
+import hashlib
 import logging
 
 import segno
@@ -21,12 +22,14 @@ from django.contrib.auth.forms import (
     PasswordResetForm,
     SetPasswordForm,
 )
+from django.core.cache import cache
 from django.shortcuts import redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
+from redis.exceptions import RedisError
 
 from tenants.people import (
     PeopleError,
@@ -38,6 +41,8 @@ from tenants.people import (
 )
 
 log = logging.getLogger(__name__)
+
+RESET_EMAIL_INTERVAL_SECONDS = 120  # at most one password reset email per account this often
 
 
 def dashboard_url(request, path: str) -> str:
@@ -135,7 +140,19 @@ class EmailPasswordResetForm(PasswordResetForm):
     def get_users(self, email):
         # Accounts are keyed by username (the email). Unlike Django's form, an account made
         # without a password (by an operator's command) may set one here: the email proves it.
-        return get_user_model()._default_manager.filter(username=email, is_active=True)
+        users = get_user_model()._default_manager.filter(username=email, is_active=True)
+        if users.exists() and not _reset_email_due(email):
+            return []  # one email per interval: the form must not flood anyone's inbox
+        return users
+
+
+def _reset_email_due(email: str) -> bool:
+    digest = hashlib.sha256(email.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    try:
+        return cache.add(f"password-reset-sent:{digest}", 1, timeout=RESET_EMAIL_INTERVAL_SECONDS)
+    except RedisError as exc:  # the cache down must not stop a person resetting their password
+        log.warning("password reset interval not checked: %s", exc)
+        return True
 
 
 class PasswordResetView(auth_views.PasswordResetView):
