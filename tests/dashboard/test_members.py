@@ -271,3 +271,14 @@ def test_an_owner_who_steps_down_or_leaves_lands_on_their_tenants(acme):
     response = client.post(f"/t/acme/members/{mine.id}/remove")
     assert response.status_code == 302 and response["Location"] == "/"
     assert not Membership.objects.filter(id=mine.id).exists()
+
+
+def test_the_requirement_is_recorded_only_when_it_changes(globex):
+    mark = f"user:{uuid.uuid4().hex[:8]}@globex.test"
+    try:
+        for required in (True, True, False, False):
+            tenant_require_2fa_set(tenant=globex, required=required, by=mark)
+        entries = AuditEntry.objects.filter(tenant=globex, actor=mark).order_by("id")
+        assert [e.detail["required"] for e in entries] == [True, False]
+    finally:
+        tenant_require_2fa_set(tenant=globex, required=False, by="test")
