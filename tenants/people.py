@@ -253,3 +253,18 @@ def _password_valid(password: str, user) -> None:
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- the tenant's sign-in rules ------------------------------------------------------------------
+
+def tenant_require_2fa_set(*, tenant: Tenant, required: bool, by: str) -> Tenant:
+    """Whether the tenant's people need a TOTP code as well as their password to open its pages
+    (the dashboard's door checks it at each request). Recorded only when it changes."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(id=tenant.id)
+        if tenant.require_2fa != required:
+            tenant.require_2fa = required
+            tenant.save(update_fields=["require_2fa"])
+            audit_record(tenant=tenant, actor=by, action="tenant.require_2fa",
+                         target=tenant.schema_name, required=required)
+    return tenant

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth.forms import UsernameField
 from django.core.cache import cache
 from django.http import HttpResponse
+from django.template.loader import render_to_string
 from django.urls import reverse
 from redis.exceptions import RedisError
 from rest_framework.throttling import SimpleRateThrottle
@@ -169,6 +170,14 @@ class AdminLoginThrottleMiddleware:
                 (settings.ADMIN_LOGIN_USERNAME_MAX_FAILURES,
                  settings.ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS)]
 
+    @staticmethod
+    def _refusal(request, wait: int) -> HttpResponse:
+        if request.path == reverse("dashboard:login"):  # a person's browser: a page to read
+            return HttpResponse(render_to_string("429.html", {"wait_minutes": math.ceil(wait / 60)},
+                                                 request=request), status=429)
+        return HttpResponse("Too many failed logins; try again later.\n", status=429,
+                            content_type="text/plain; charset=utf-8")
+
     def __call__(self, request):
         if request.method != "POST" or request.path not in (reverse("admin:login"),
                                                             reverse("dashboard:login")):
@@ -184,10 +193,9 @@ class AdminLoginThrottleMiddleware:
             for key, (most, lockout) in limits:
                 if most and (counts.get(key) or 0) >= most:
                     since = cache.get(f"{key}:since") or time.time()
-                    response = HttpResponse("Too many failed logins; try again later.\n",
-                                            status=429, content_type="text/plain; charset=utf-8")
-                    wait = since + lockout - time.time()
-                    response["Retry-After"] = str(max(1, math.ceil(wait)))
+                    wait = max(1, math.ceil(since + lockout - time.time()))
+                    response = self._refusal(request, wait)
+                    response["Retry-After"] = str(wait)
                     return response
         except RedisError as exc:
             log.warning("admin login throttle: cache unavailable: %s", exc)

@@ -3,7 +3,7 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, agents, approvals, runs
+from .views import accounts, agents, approvals, members, runs
 
 app_name = "dashboard"
 
@@ -11,6 +11,7 @@ tenant_pages = [
     *runs.urlpatterns,
     *approvals.urlpatterns,
     *agents.urlpatterns,
+    *members.urlpatterns,
 ]
 
 urlpatterns = [
