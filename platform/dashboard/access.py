@@ -8,6 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
+from django_otp import user_has_device
 from django_tenants.utils import tenant_context
 
 from tenants.people import actor_of, decider_identities, membership_in
@@ -37,8 +38,8 @@ class Member:
 
 def tenant_page(permission: str = READ):
     """Sign-in required; the tenant in the URL must be one of the person's (404 otherwise, as
-    for a tenant that does not exist); a tenant that requires two-factor sign-in sends an
-    unverified session to the TOTP page; the role must grant `permission` (403). The view runs
+    for a tenant that does not exist); a tenant that requires two-factor sign-in, or a person
+    with a confirmed TOTP device, sends an unverified session to the TOTP page; the role must grant `permission` (403). The view runs
     in the tenant's schema with `request.member` set, and gets the tenant's schema name as its
     first argument after the request."""
 
@@ -50,7 +51,10 @@ def tenant_page(permission: str = READ):
             membership = membership_in(request.user, tenant)
             if membership is None:
                 raise Http404("No such tenant.")
-            if membership.tenant.require_2fa and not request.user.is_verified():
+            # A person who set up a device gives its code everywhere, not only where required:
+            # otherwise a stolen password opens every tenant that does not insist.
+            if not request.user.is_verified() and (membership.tenant.require_2fa
+                                                   or user_has_device(request.user)):
                 query = urlencode({"next": request.get_full_path(), "tenant": tenant})
                 return redirect(f"{reverse('dashboard:otp')}?{query}")
             member = Member(request, membership)

@@ -117,15 +117,26 @@ def test_the_next_page_must_be_on_this_site(acme):
 
 
 def test_a_tenant_without_the_requirement_opens_with_the_password_alone(acme):
+    assert signed_in(person(acme, "viewer")).get("/t/acme/runs").status_code == 200
+
+
+def test_a_person_with_a_device_gives_its_code_even_where_no_tenant_requires_it(acme):
     user = person(acme, "viewer")
-    with_device(user)
-    assert signed_in(user).get("/t/acme/runs").status_code == 200
+    device = with_device(user)
+    client = signed_in(user)
+    for page in ("/t/acme/runs", "/account"):
+        response = client.get(page)
+        assert response.status_code == 302 and response["Location"].startswith("/2fa?next="), page
+    assert client.post("/2fa", {"code": code_of(device), "next": "/account"})["Location"] == "/account"
+    assert client.get("/t/acme/runs").status_code == 200
 
 
 def test_the_account_page_removes_the_device_only_with_a_current_code(acme):
     user = person(acme, "viewer")
     device = with_device(user)
     client = signed_in(user)
+    client.post("/2fa", {"code": code_of(device), "next": "/account"})
+    TOTPDevice.objects.filter(id=device.id).update(last_t=-1)  # as if the next 30 s had come
     page = client.get("/account")
     assert b"Remove the authenticator app" in page.content
     wrong = client.post("/account", {"action": "remove_2fa", "remove-code": wrong_code_of(device)})

@@ -7,6 +7,7 @@ audit log of every tenant the person belongs to: those tenants' owners answer fo
 
 import base64
 import hashlib
+from urllib.parse import urlencode
 import logging
 
 import segno
@@ -261,10 +262,12 @@ def otp(request):
 def account(request):
     """Change the password (the current one asked); set up two-factor (on the otp page) or
     remove the device (a current code asked, so a borrowed session cannot)."""
+    device = _device_confirmed(request.user)
+    if device is not None and not request.user.is_verified():  # the password alone is not enough
+        return redirect(f"{reverse('dashboard:otp')}?{urlencode({'next': reverse('dashboard:account')})}")
     action = request.POST.get("action") if request.method == "POST" else None
     password_form = PasswordChangeForm(request.user, request.POST if action == "password" else None)
     remove_form = CodeForm(request.POST if action == "remove_2fa" else None, prefix="remove")
-    device = _device_confirmed(request.user)
     if action == "password" and password_form.is_valid():
         password_form.save()
         update_session_auth_hash(request, password_form.user)  # stay signed in here
