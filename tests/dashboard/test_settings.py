@@ -5,6 +5,7 @@ without the permission (403), and cannot reach another tenant's objects (404).""
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.test import Client
@@ -14,11 +15,16 @@ from integrations.selectors import credential_find
 from integrations.services import credential_get, credential_set
 from integrations.webhooks.models import GmailConnection, SlackConnection
 from integrations.webhooks.services import gmail_connection_create, slack_connection_create
+from runs.models import Checkpoint
+from runs.retention import services as retention
+from runs.retention.models import Archive, TenantRetention
+from runs.retention.selectors import tenant_policy
 from sandboxes.selectors import egress_rules
 from sandboxes.services import egress_allow, egress_clear, egress_remove
 from tenants.models import ApiKey, AuditEntry
 from tenants.people import actor_of
 from tenants.services import api_key_authenticate, api_key_create
+from tests.retention.conftest import run_finished
 
 from .conftest import person, signed_in
 
@@ -371,3 +377,121 @@ def test_egress_remove_takes_any_spelling_of_a_rule(in_acme):
     assert egress_remove(rule="not a rule!") is False
     assert egress_remove(rule=str(egress_rules()[0])) is True
     assert egress_rules() == []
+
+
+# -- retention ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tenant_retention_reset(acme):
+    """The tenant's own policy is gone again after the test: other tests expect the platform's."""
+    yield
+    with tenant_context(acme):
+        retention.tenant_retention_clear()
+
+
+@pytest.fixture
+def acme_pass(s3, acme):
+    """acme's real archive pass, against the session's S3."""
+    def run_pass():
+        with tenant_context(acme):
+            return retention.archive_pass(tenant=acme)
+    return run_pass
+
+
+def archived(tenant, run_id) -> bool:
+    with tenant_context(tenant):
+        return Archive.objects.filter(run_id=run_id, status=Archive.Status.ARCHIVED).exists()
+
+
+def test_the_retention_page_shows_the_platform_and_agent_policies(acme, as_role, settings):
+    settings.RETENTION_TTL_DAYS = 30.0
+    page = as_role("viewer").get("/t/acme/settings/retention")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "30 days after the run ends" in text and "follows the platform's default" in text
+    assert "tidy v1" in text and "the agent&#x27;s own" in text and "1 day" in text
+    assert "Save the policy" not in text  # a viewer sees no action
+
+
+def test_a_tenant_ttl_set_in_the_dashboard_decides_what_the_archive_pass_archives(
+        acme, acme_pass, tenant_retention_reset):
+    user, client = owner_of(acme)
+    with tenant_context(acme):
+        ten_days = run_finished(age=timedelta(days=10))  # chatter declares no policy
+    acme_pass()
+    assert not archived(acme, ten_days.id)  # the platform's 30 days
+
+    response = client.post("/t/acme/settings/retention/set", {"history": "full", "ttl_days": "7"})
+    assert response.status_code == 302
+    with tenant_context(acme):
+        own = TenantRetention.objects.get()
+        assert (own.history, own.ttl, own.updated_by) == ("full", timedelta(days=7), actor_of(user))
+    entry = audited(acme, "retention.set")
+    assert entry.actor == actor_of(user) and entry.detail == {"history": "full", "ttl_days": 7.0}
+    assert "7 days after the run ends" in client.get("/t/acme/settings/retention").content.decode()
+
+    acme_pass()
+    assert archived(acme, ten_days.id)
+
+
+def test_an_agents_own_policy_wins_over_the_tenants(acme, acme_pass, tenant_retention_reset):
+    _, client = owner_of(acme)
+    client.post("/t/acme/settings/retention/set", {"history": "full", "ttl_days": "90"})
+    with tenant_context(acme):
+        plain = run_finished(age=timedelta(days=40))  # past the platform's 30, within the tenant's 90
+        tidy = run_finished(agent="tidy", age=timedelta(days=2))  # past its own 1 day
+    acme_pass()
+    assert not archived(acme, plain.id) and archived(acme, tidy.id)
+    page = client.get("/t/acme/settings/retention").content.decode()
+    assert "this tenant&#x27;s" in page and "90 days" in page
+
+
+def test_a_shallow_tenant_policy_compacts_on_the_next_pass_and_reset_restores_the_default(
+        acme, acme_pass, tenant_retention_reset):
+    user, client = owner_of(acme)
+    with tenant_context(acme):
+        run = run_finished(steps=6, age=timedelta(hours=1))
+        assert Checkpoint.objects.filter(run_id=run.id).count() > 1
+    client.post("/t/acme/settings/retention/set", {"history": "shallow", "ttl_days": "30"})
+    acme_pass()
+    with tenant_context(acme):
+        assert Checkpoint.objects.filter(run_id=run.id).count() == 1
+
+    assert client.post("/t/acme/settings/retention/reset").status_code == 302
+    with tenant_context(acme):
+        assert not TenantRetention.objects.exists()
+        assert tenant_policy() == retention.selectors.default_policy()
+    assert audited(acme, "retention.reset").actor == actor_of(user)
+
+
+@pytest.mark.parametrize("data, error", [
+    ({"history": "full", "ttl_days": "0"}, "greater than or equal to 0.01"),
+    ({"history": "full", "ttl_days": "soon"}, "Enter a number."),
+    ({"history": "deep", "ttl_days": "5"}, "not one of the available choices"),
+])
+def test_a_bad_policy_is_refused_inline_with_what_was_typed(acme, data, error, tenant_retention_reset):
+    _, client = owner_of(acme)
+    response = client.post("/t/acme/settings/retention/set", data)
+    assert response.status_code == 400 and error.encode() in response.content
+    assert f'value="{data["ttl_days"]}"'.encode() in response.content
+    with tenant_context(acme):
+        assert not TenantRetention.objects.exists()
+
+
+def test_the_service_refuses_what_the_form_would_not_send(in_acme):
+    with pytest.raises(retention.RetentionError):
+        retention.tenant_retention_set(history="full", ttl_days=0, by="test")
+    with pytest.raises(retention.RetentionError):
+        retention.tenant_retention_set(history="deep", ttl_days=1, by="test")
+
+
+@pytest.mark.parametrize("role", MANAGE_ONLY_OWNER)
+def test_only_owners_set_the_retention_policy(acme, as_role, role, tenant_retention_reset):
+    client = as_role(role)
+    assert client.get("/t/acme/settings/retention").status_code == 200
+    assert b"Save the policy" not in client.get("/t/acme/settings/retention").content
+    refused = client.post("/t/acme/settings/retention/set", {"history": "shallow", "ttl_days": "1"})
+    assert refused.status_code == 403
+    assert client.post("/t/acme/settings/retention/reset").status_code == 403
+    with tenant_context(acme):
+        assert not TenantRetention.objects.exists()

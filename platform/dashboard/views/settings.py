@@ -27,8 +27,13 @@ from integrations.webhooks import services as webhooks
 from integrations.webhooks.models import GmailConnection, SlackConnection
 from integrations.webhooks.selectors import gmail_connection_list, slack_connection_list
 from runs.agents import registry
-from runs.retention.models import RunRetention
-from runs.retention.selectors import default_policy
+from runs.retention.selectors import (
+    default_policy,
+    runs_with_own_policy,
+    tenant_policy,
+    tenant_retention,
+)
+from runs.retention.services import tenant_retention_clear, tenant_retention_set
 from sandboxes.egress import EgressRuleInvalid
 from sandboxes.selectors import egress_rules
 from sandboxes.services import egress_allow, egress_clear, egress_remove
@@ -359,20 +364,65 @@ def egress_rules_clear(request, tenant):
 
 # -- retention ------------------------------------------------------------------------------------------
 
+class RetentionForm(forms.Form):
+    history = forms.ChoiceField(
+        choices=[("full", "full: every checkpoint until the time to live"),
+                 ("shallow", "shallow: only each run's latest checkpoint")])
+    ttl_days = forms.FloatField(label="Time to live (days)", min_value=0.01, max_value=3650,
+                                help_text="How long a finished run stays before it is archived and pruned.")
+
+
 def _days(ttl: timedelta) -> str:
     days = ttl / timedelta(days=1)
     return f"{days:g} day{'s' if days != 1 else ''}"
 
 
+def _retention_page(request, form=None, *, status=200):
+    platform, tenant_wide, own = default_policy(), tenant_policy(), tenant_retention()
+    agents = [{"agent": agent, "policy": agent.retention or tenant_wide,
+               "source": "the agent's own" if agent.retention else
+                         "this tenant's" if own else "platform default",
+               "ttl": _days((agent.retention or tenant_wide).ttl)}
+              for agent in sorted(registry.all(), key=lambda a: (a.name, a.version))]
+    form = form or RetentionForm(initial={"history": tenant_wide.history,
+                                          "ttl_days": f"{tenant_wide.ttl / timedelta(days=1):g}"})
+    return _page(request, "retention.html", {
+        "platform": platform, "platform_ttl": _days(platform.ttl), "own": own,
+        "own_ttl": _days(own.ttl) if own else "", "agents": agents, "form": form,
+        "overrides": runs_with_own_policy()}, status=status)
+
+
 @tenant_page(READ)
 def retention(request, tenant):
-    platform = default_policy()
-    agents = [{"agent": agent, "policy": agent.retention or platform, "own": agent.retention is not None,
-               "ttl": _days((agent.retention or platform).ttl)}
-              for agent in sorted(registry.all(), key=lambda a: (a.name, a.version))]
-    return _page(request, "retention.html", {
-        "platform": platform, "platform_ttl": _days(platform.ttl), "agents": agents,
-        "overrides": RunRetention.objects.count()})
+    return _retention_page(request)
+
+
+@tenant_page(SETTINGS_MANAGE)
+@require_POST
+def retention_set(request, tenant):
+    form = RetentionForm(request.POST)
+    if form.is_valid():
+        history, ttl_days = form.cleaned_data["history"], form.cleaned_data["ttl_days"]
+        try:
+            tenant_retention_set(history=history, ttl_days=ttl_days, by=request.member.actor)
+        except ServiceError as exc:
+            form.add_error(None, exc.message)
+        else:
+            _audit(request, "retention.set", history=history, ttl_days=ttl_days)
+            messages.success(request, f"Runs of agents without a policy of their own now keep "
+                                      f"{history} history for {ttl_days:g} days, from the next "
+                                      "retention pass.")
+            return _back(request, "settings-retention")
+    return _retention_page(request, form, status=400)
+
+
+@tenant_page(SETTINGS_MANAGE)
+@require_POST
+def retention_reset(request, tenant):
+    if tenant_retention_clear():
+        _audit(request, "retention.reset")
+        messages.success(request, "This tenant follows the platform's default policy again.")
+    return _back(request, "settings-retention")
 
 
 urlpatterns = [
@@ -391,4 +441,6 @@ urlpatterns = [
     path("settings/egress/remove", egress_rule_remove, name="settings-egress-remove"),
     path("settings/egress/clear", egress_rules_clear, name="settings-egress-clear"),
     path("settings/retention", retention, name="settings-retention"),
+    path("settings/retention/set", retention_set, name="settings-retention-set"),
+    path("settings/retention/reset", retention_reset, name="settings-retention-reset"),
 ]
