@@ -107,6 +107,13 @@ def test_a_key_without_scopes_or_name_is_refused_with_the_form_kept(acme):
     assert ApiKey.objects.filter(tenant=acme).count() == before
 
 
+def test_an_empty_post_is_an_error_not_the_page_again(acme):
+    _, client = owner_of(acme)
+    for page in ("api-keys", "credentials", "egress"):
+        response = client.post(f"/t/acme/settings/{page}", {})
+        assert response.status_code == 400 and b"field-error" in response.content, page
+
+
 def test_an_owner_revokes_a_key_after_confirming(acme):
     user, client = owner_of(acme)
     key, plaintext = api_key_create(tenant=acme, name="to revoke", scopes=["runs:read"])

@@ -88,7 +88,7 @@ class ApiKeyForm(forms.Form):
 @tenant_page(SETTINGS_MANAGE)
 @require_http_methods(["GET", "POST"])
 def api_keys(request, tenant):
-    form = ApiKeyForm(request.POST or None)
+    form = ApiKeyForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         key, plaintext = api_key_create(tenant=request.member.tenant, name=form.cleaned_data["name"],
                                         scopes=form.cleaned_data["scopes"])
@@ -268,7 +268,7 @@ def _credentials_page(request, form, *, status=200):
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
 def credentials(request, tenant):
-    form = CredentialForm(request.POST or None)
+    form = CredentialForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         connector, label = form.cleaned_data["connector"], form.cleaned_data["label"]
         existed = credential_find(connector=connector, label=label) is not None
@@ -320,7 +320,7 @@ class EgressForm(forms.Form):
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
 def egress(request, tenant):
-    form = EgressForm(request.POST or None)
+    form = EgressForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
             # all or none: the service parses every host before it stores one
