@@ -75,7 +75,8 @@ def settings_index(request, tenant):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Who or what uses it, e.g. “billing job”.")
-    scopes = forms.MultipleChoiceField(choices=Scope.choices, widget=forms.CheckboxSelectMultiple,
+    scopes = forms.MultipleChoiceField(choices=[(scope, scope) for scope in Scope.values],
+                                       widget=forms.CheckboxSelectMultiple,
                                        error_messages={"required": "Pick at least one scope."})
 
     def clean_scopes(self):
