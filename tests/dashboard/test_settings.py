@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from django_tenants.utils import tenant_context
 
+from dashboard.views import settings as settings_views
 from integrations.selectors import credential_find
 from integrations.services import credential_get, credential_set
 from integrations.webhooks.models import GmailConnection, SlackConnection
@@ -502,3 +503,17 @@ def test_only_owners_set_the_retention_policy(acme, as_role, role, tenant_retent
     assert client.post("/t/acme/settings/retention/reset").status_code == 403
     with tenant_context(acme):
         assert not TenantRetention.objects.exists()
+
+
+def test_a_change_whose_audit_entry_fails_is_not_made(acme, monkeypatch):
+    with tenant_context(acme):
+        egress_clear()
+    _, client = owner_of(acme)
+
+    def audit_down(**_):
+        raise RuntimeError("audit log unavailable")
+
+    monkeypatch.setattr(settings_views, "audit_record", audit_down)
+    with pytest.raises(RuntimeError):
+        client.post("/t/acme/settings/egress", {"hosts": "unaudited.example.com"})
+    assert rules_of(acme) == []

@@ -13,6 +13,7 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
@@ -88,6 +89,7 @@ class ApiKeyForm(forms.Form):
 
 @tenant_page(SETTINGS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def api_keys(request, tenant):
     form = ApiKeyForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
@@ -105,6 +107,7 @@ def api_keys(request, tenant):
 
 @tenant_page(SETTINGS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def api_key_revoke_page(request, tenant, key_id: int):
     key = api_key_of(tenant=request.member.tenant, key_id=key_id)
     if key is None:
@@ -171,6 +174,7 @@ def connections(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_POST
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def slack_connection_add(request, tenant):
     form = SlackConnectionForm(request.POST, prefix="slack")
     if form.is_valid():
@@ -188,6 +192,7 @@ def slack_connection_add(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_POST
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def gmail_connection_add(request, tenant):
     form = GmailConnectionForm(request.POST, prefix="gmail")
     if form.is_valid():
@@ -205,6 +210,7 @@ def gmail_connection_add(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def connection_remove(request, tenant, kind: str, connection_id):
     if kind not in CONNECTION_KINDS:
         raise Http404("No such connection.")
@@ -268,6 +274,7 @@ def _credentials_page(request, form, *, status=200):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def credentials(request, tenant):
     form = CredentialForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
@@ -289,6 +296,7 @@ def credentials(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def credential_remove(request, tenant, connector: str, label: str):
     if credential_find(connector=connector, label=label) is None:
         raise Http404("No such credential.")
@@ -320,6 +328,7 @@ class EgressForm(forms.Form):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def egress(request, tenant):
     form = EgressForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
@@ -338,6 +347,7 @@ def egress(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_POST
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def egress_rule_remove(request, tenant):
     rule = request.POST.get("rule", "")
     if not egress_remove(rule=rule):
@@ -349,6 +359,7 @@ def egress_rule_remove(request, tenant):
 
 @tenant_page(INTEGRATIONS_MANAGE)
 @require_http_methods(["GET", "POST"])
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def egress_rules_clear(request, tenant):
     if request.method == "POST":
         rules = [str(rule) for rule in egress_rules()]
@@ -400,6 +411,7 @@ def retention(request, tenant):
 
 @tenant_page(SETTINGS_MANAGE)
 @require_POST
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def retention_set(request, tenant):
     form = RetentionForm(request.POST)
     if form.is_valid():
@@ -419,6 +431,7 @@ def retention_set(request, tenant):
 
 @tenant_page(SETTINGS_MANAGE)
 @require_POST
+@transaction.atomic  # the change and its audit entry commit together, or neither
 def retention_reset(request, tenant):
     if tenant_retention_clear():
         _audit(request, "retention.reset")
