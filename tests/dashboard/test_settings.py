@@ -165,7 +165,7 @@ def test_forms_carry_csrf_and_a_post_without_it_is_refused(acme):
 # -- Slack and Gmail connections -------------------------------------------------------------------
 
 def test_an_admin_connects_slack_and_sees_the_urls_but_never_the_secret(acme, settings):
-    settings.DASHBOARD_URL = "https://dash.example.com/"
+    settings.DASHBOARD_URL = "https://dash.example.com/app/"
     user = person(acme, "admin")
     client = signed_in(user)
     team = f"T{uuid.uuid4().hex[:8].upper()}"

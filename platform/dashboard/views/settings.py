@@ -9,6 +9,7 @@ the person who typed it, on the page that reports its error, and never cached.""
 
 import json
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
@@ -150,9 +151,11 @@ class GmailConnectionForm(forms.Form):
 def _webhook_url(request, name: str, connection_id) -> str:
     """Absolute, to paste into Slack or Google: DASHBOARD_URL's origin when set (behind a proxy
     the request's host may be an internal one), else the host this page was asked for."""
-    where = reverse(name, args=[connection_id])
-    base = settings.DASHBOARD_URL.rstrip("/")
-    return f"{base}{where}" if base else request.build_absolute_uri(where)
+    where = reverse(name, args=[connection_id])  # the webhooks hang off the site's root
+    dashboard = urlsplit(settings.DASHBOARD_URL)
+    if dashboard.scheme and dashboard.netloc:
+        return f"{dashboard.scheme}://{dashboard.netloc}{where}"
+    return request.build_absolute_uri(where)
 
 
 def _connections_page(request, *, slack_form=None, gmail_form=None, status=200):
