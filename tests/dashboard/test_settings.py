@@ -12,6 +12,7 @@ from django.test import Client
 from django_tenants.utils import tenant_context
 
 from dashboard.views import settings as settings_views
+from integrations.models import Credential
 from integrations.selectors import credential_find
 from integrations.services import credential_get, credential_set
 from integrations.webhooks.models import GmailConnection, SlackConnection
@@ -28,6 +29,33 @@ from tenants.services import api_key_authenticate, api_key_create
 from tests.retention.conftest import run_finished
 
 from .conftest import person, signed_in
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_trace(acme, globex):
+    """The test database is shared by the session: what a test here adds (keys, connections,
+    credentials, egress rules) goes again afterwards, so tests elsewhere see what they expect."""
+    tenants = (acme, globex)
+    keys = set(ApiKey.objects.values_list("pk", flat=True))
+    slack = set(SlackConnection.objects.values_list("pk", flat=True))
+    gmail = set(GmailConnection.objects.values_list("pk", flat=True))
+    before = {}
+    for tenant in tenants:
+        with tenant_context(tenant):
+            before[tenant.pk] = (set(Credential.objects.values_list("pk", flat=True)),
+                                 [str(rule) for rule in egress_rules()])
+    yield
+    ApiKey.objects.exclude(pk__in=keys).delete()
+    SlackConnection.objects.exclude(pk__in=slack).delete()
+    GmailConnection.objects.exclude(pk__in=gmail).delete()
+    for tenant in tenants:
+        credentials, rules = before[tenant.pk]
+        with tenant_context(tenant):
+            Credential.objects.exclude(pk__in=credentials).delete()
+            egress_clear()
+            if rules:
+                egress_allow(hosts=rules)
+
 
 MANAGE_ONLY_OWNER = ["admin", "operator", "approver", "viewer"]
 NO_INTEGRATIONS = ["operator", "approver", "viewer"]
