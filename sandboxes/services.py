@@ -45,7 +45,7 @@ from agentplatform.trees import tree_remove
 from tenants.models import Tenant
 from tenants.services import TenantError, data_key_for_write, data_key_get
 
-from .egress import EgressPolicy, EgressRule, egress_rule_parse
+from .egress import EgressPolicy, EgressRule, EgressRuleInvalid, egress_rule_parse
 from .jail import (
     Limits,
     SandboxError,
@@ -474,6 +474,17 @@ def egress_allow(*, hosts: list[str]) -> list[EgressRule]:
     for rule in rules:
         SandboxEgressRule.objects.get_or_create(rule=str(rule))
     return egress_rules()
+
+
+def egress_remove(*, rule: str) -> bool:
+    """Take one rule off the current tenant's allow-list (written as it was allowed, or any
+    spelling that parses to it); False when the list has no such rule."""
+    try:
+        text = str(egress_rule_parse(rule))
+    except EgressRuleInvalid:
+        return False  # no rule that does not parse was ever stored
+    deleted, _ = SandboxEgressRule.objects.filter(rule=text).delete()
+    return deleted > 0
 
 
 def egress_clear() -> None:

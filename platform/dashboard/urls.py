@@ -3,7 +3,7 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, agents, approvals, members, runs
+from .views import accounts, agents, approvals, members, runs, settings
 
 app_name = "dashboard"
 
@@ -12,6 +12,7 @@ tenant_pages = [
     *approvals.urlpatterns,
     *agents.urlpatterns,
     *members.urlpatterns,
+    *settings.urlpatterns,
 ]
 
 urlpatterns = [

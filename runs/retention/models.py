@@ -1,8 +1,10 @@
-"""Retention records (tenant schema): one Archive row per run that left the hot store, and
-per-run overrides of the agent's retention policy.
+"""Retention records (tenant schema): one Archive row per run that left the hot store, the
+tenant's own retention policy, and per-run overrides of the agent's retention policy.
 
 `TenantArchives` is a proxy of the public Tenant model for the operators' console.
 """
+
+from datetime import timedelta
 
 from django.db import models
 
@@ -66,6 +68,30 @@ class RunRetention(models.Model):
             models.CheckConstraint(condition=models.Q(history__in=["full", "shallow"])
                                    | models.Q(history=None), name="run_retention_history_valid"),
         ]
+
+
+class TenantRetention(models.Model):
+    """The tenant's own policy (one row at most, set by its owners): for the runs of agents that
+    declare no RetentionPolicy, in place of the platform's RETENTION_HISTORY and
+    RETENTION_TTL_DAYS. Whether runs are archived before pruning stays the platform's."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    history = models.CharField(max_length=8, choices=[("full", "full"), ("shallow", "shallow")])
+    ttl = models.DurationField()
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=260)  # "user:<email>"
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(id=1), name="tenant_retention_one_row"),
+            models.CheckConstraint(condition=models.Q(history__in=["full", "shallow"]),
+                                   name="tenant_retention_history_valid"),
+            models.CheckConstraint(condition=models.Q(ttl__gt=timedelta(0)),
+                                   name="tenant_retention_ttl_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"tenant retention: {self.history}, {self.ttl}"
 
 
 class TenantArchives(Tenant):

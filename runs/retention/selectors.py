@@ -1,4 +1,5 @@
-"""Retention reads: the policy that applies to a run, which runs are due, a run's rows in every
+"""Retention reads: the policy that applies to a run (the run's overrides over the agent's own
+policy, over the tenant's, over the platform's default), which runs are due, a run's rows in every
 table that hangs off Run, and the history shape that live and archived runs share."""
 
 import base64
@@ -19,7 +20,7 @@ from runs.agents import RetentionPolicy, UnknownAgent, registry
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
-from .models import Archive, RunRetention
+from .models import Archive, RunRetention, TenantRetention
 
 
 def default_policy() -> RetentionPolicy:
@@ -28,24 +29,47 @@ def default_policy() -> RetentionPolicy:
                            archive_required=settings.RETENTION_ARCHIVE_REQUIRED)
 
 
-def agent_policy(*, agent: str, version: int) -> RetentionPolicy:
+def tenant_retention() -> TenantRetention | None:
+    """The current tenant's own policy row, if its owners set one."""
+    return TenantRetention.objects.first()
+
+
+def tenant_policy() -> RetentionPolicy:
+    """The current tenant's policy for agents that declare none: its own history and TTL over
+    the platform's default (which keeps deciding archive_required)."""
+    own = tenant_retention()
+    platform = default_policy()
+    return platform if own is None else dataclasses.replace(platform, history=own.history, ttl=own.ttl)
+
+
+def runs_with_own_policy() -> int:
+    """How many of the current tenant's runs override their policy (services.run_retention_set)."""
+    return RunRetention.objects.count()
+
+
+def agent_policy(*, agent: str, version: int, fallback: RetentionPolicy | None = None) -> RetentionPolicy:
+    """The agent's declared policy, or else `fallback` (the tenant's policy when not given: a
+    caller deciding many runs reads it once and passes it)."""
     try:
-        return registry.get(agent, version).retention or default_policy()
+        declared = registry.get(agent, version).retention
     except UnknownAgent:
-        return default_policy()
+        declared = None
+    return declared or fallback or tenant_policy()
 
 
 def policy_for(*, agent: str, version: int, history: str | None = None,
-               ttl: timedelta | None = None, archive_required: bool | None = None) -> RetentionPolicy:
-    """The agent's policy (or the default), with the run's own non-null overrides on top."""
+               ttl: timedelta | None = None, archive_required: bool | None = None,
+               fallback: RetentionPolicy | None = None) -> RetentionPolicy:
+    """The agent's policy (or the tenant's), with the run's own non-null overrides on top."""
     override = {"history": history, "ttl": ttl, "archive_required": archive_required}
-    return dataclasses.replace(agent_policy(agent=agent, version=version),
+    return dataclasses.replace(agent_policy(agent=agent, version=version, fallback=fallback),
                                **{k: v for k, v in override.items() if v is not None})
 
 
 def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]:
     """Finished runs past their TTL, oldest first, with the policy that applies to each."""
-    ttls = [default_policy().ttl] + [a.retention.ttl for a in registry.all() if a.retention]
+    fallback = tenant_policy()
+    ttls = [fallback.ttl] + [a.retention.ttl for a in registry.all() if a.retention]
     if shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]:
         ttls.append(shortest_override)
     candidates = (
@@ -57,7 +81,7 @@ def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]
     due = []
     for run_id, agent, version, finished_at, history, ttl, archive_required in candidates.iterator():
         policy = policy_for(agent=agent, version=version, history=history, ttl=ttl,
-                            archive_required=archive_required)
+                            archive_required=archive_required, fallback=fallback)
         if finished_at + policy.ttl <= now:
             due.append((run_id, policy))
             if len(due) >= limit:
@@ -69,7 +93,7 @@ def shallow_runs() -> models.QuerySet:
     """Runs (any status) whose policy keeps only the latest checkpoint."""
     explicit = [a for a in registry.all() if a.retention]
     by_agent = _of_agents(a for a in explicit if a.retention.history == "shallow")
-    if default_policy().history == "shallow":
+    if tenant_policy().history == "shallow":
         by_agent |= ~_of_agents(explicit)
     return Run.objects.filter(
         (by_agent & ~Q(retention_override__history="full"))

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
@@ -43,7 +43,7 @@ from tenants.services import (
 
 from . import envelope, selectors, store
 from .envelope import ArchiveCorrupt, ArchiveError
-from .models import Archive, RunRetention
+from .models import Archive, RunRetention, TenantRetention
 from .store import ArchiveStoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,28 @@ def run_retention_set(*, run_id: UUID, history: str | None = None, ttl=None,
     override, _ = RunRetention.objects.update_or_create(
         run_id=run_id, defaults={"history": history, "ttl": ttl, "archive_required": archive_required})
     return override
+
+
+TENANT_TTL_DAYS_MAX = 3650
+
+
+def tenant_retention_set(*, history: str, ttl_days: float, by: str) -> TenantRetention:
+    """Set the current tenant's policy for agents that declare none (history and TTL; the
+    platform keeps deciding whether runs are archived). Used from the next archive pass."""
+    if history not in ("full", "shallow"):
+        raise RetentionError(f"history must be 'full' or 'shallow', not {history!r}")
+    if not 0 < ttl_days <= TENANT_TTL_DAYS_MAX:
+        raise RetentionError(f"the time to live must be more than 0 and at most "
+                             f"{TENANT_TTL_DAYS_MAX} days, not {ttl_days:g}")
+    own, _ = TenantRetention.objects.update_or_create(
+        id=1, defaults={"history": history, "ttl": timedelta(days=ttl_days), "updated_by": by})
+    return own
+
+
+def tenant_retention_clear() -> bool:
+    """Back to the platform's default; False when the tenant had no policy of its own."""
+    deleted, _ = TenantRetention.objects.all().delete()
+    return deleted > 0
 
 
 def archive_restore(*, tenant: Tenant, run_id: UUID) -> dict:
