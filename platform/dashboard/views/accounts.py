@@ -7,8 +7,8 @@ audit log of every tenant the person belongs to: those tenants' owners answer fo
 
 import base64
 import hashlib
-from urllib.parse import urlencode
 import logging
+from urllib.parse import urlencode
 
 import segno
 from django import forms
