@@ -40,8 +40,8 @@ def tenant_page(permission: str = READ):
     """Sign-in required; the tenant in the URL must be one of the person's (404 otherwise, as
     for a tenant that does not exist); a tenant that requires two-factor sign-in, or a person
     with a confirmed TOTP device, sends an unverified session to the TOTP page; the role must
-    grant `permission` (403). The view runs in the tenant's schema with `request.member` set, and gets the tenant's schema name as its
-    first argument after the request."""
+    grant `permission` (403). The view runs in the tenant's schema with `request.member` set,
+    and gets the tenant's schema name as its first argument after the request."""
 
     def decorate(view):
         @wraps(view)
