@@ -3,12 +3,13 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, runs
+from .views import accounts, run, runs
 
 app_name = "dashboard"
 
 tenant_pages = [
     *runs.urlpatterns,
+    *run.urlpatterns,
 ]
 
 urlpatterns = [
