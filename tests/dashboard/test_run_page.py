@@ -98,6 +98,7 @@ def test_a_failed_step_shows_its_error_trimmed_with_the_full_text_behind_details
     assert "reason-119" not in header.split("<details>")[0]  # the rest only behind <details>
     assert "<summary>The full error and traceback</summary>" in header and "reason-119" in header
     assert "No: it failed." in header
+    assert "failed at book" in body  # the steps picture's accessible name says it in words
     # the session log filters: failures only shows the step's errors, not its creation
     failures = text(page(as_role("viewer"), run.id, "?log=failures"))
     log = failures.split('id="session-log"')[1]
@@ -120,6 +121,8 @@ def test_a_run_waiting_on_an_event_says_what_for_and_what_runs_next(acme, as_rol
     assert "Step <code>event_seen</code>, when the event arrives" in header
     assert 'hx-trigger="every 2s' in header  # live while unfinished
     assert "Send the event it waits for" not in body  # a viewer has no actions
+    picture = body.split('<div class="steps-picture">')[1].split("</svg>")[0]
+    assert "now at event_seen" in picture and "waiting" in picture
 
 
 def test_the_header_alone_refreshes_and_says_when_the_status_changed(acme, as_role):
@@ -240,6 +243,8 @@ def test_checkpoint_state_and_the_diff_of_a_known_pair(acme, as_role):
     body = text(page(client, run.id))
     assert body.count('class="span span-step"') == 4  # talk ×3, done
     assert "The timeline as a table" in body
+    assert "×3" in body  # talk's visits, in the steps picture
+    assert "path taken: talk → talk → talk → done" in body
     assert "Path taken: <code>talk</code> → <code>talk</code> → <code>talk</code> → <code>done</code>" in body
 
 

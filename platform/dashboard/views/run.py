@@ -7,6 +7,7 @@ Reads come from runs.selectors (and the dashboard's situation/timeline readers b
 models), writes from runs.services and runs.approvals.services, as the API's do."""
 
 import json
+from collections import Counter
 
 from django import forms
 from django.contrib import messages
@@ -18,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from agentplatform.errors import ServiceError
 from runs import services
-from runs.agents import registry
+from runs.agents import UnknownAgent, registry
 from runs.approvals.services import event_submit
 from runs.effects.selectors import outbox_list
 from runs.models import Run
@@ -28,6 +29,7 @@ from tenants.roles import APPROVALS_DECIDE, RUNS_WRITE
 
 from ..access import tenant_page
 from ..diffs import json_diff
+from ..pictures import PictureError, steps_svg
 from ..situation import event_filter, situation_of
 from ..timeline import duration, timeline_of, timeline_svg
 
@@ -73,16 +75,45 @@ def _header_context(request, tenant, run: Run) -> dict:
             "header_url": reverse("dashboard:run_header", args=[tenant, run.id])}
 
 
-def _path(checkpoints) -> list[str]:
-    """The steps the run took, in visit order: each checkpoint's next step, except where the
-    next checkpoint is a wake-up's (that step runs from the wake-up's checkpoint)."""
+def _path(run: Run, checkpoints) -> list[str]:
+    """The steps the run took, in visit order: each checkpoint's next step ran, except where
+    the next checkpoint is a wake-up's (that step runs from the wake-up's checkpoint), and the
+    latest checkpoint's only if it is running or failed there (else it is yet to run)."""
     taken = []
     for index, checkpoint in enumerate(checkpoints):
         after = checkpoints[index + 1] if index + 1 < len(checkpoints) else None
-        woken = after is not None and (after.waiting or {}).get("woken_from") is not None
-        if checkpoint.step and not woken:
+        if not checkpoint.step:
+            continue
+        if after is None:
+            if run.status in (Run.Status.RUNNING, Run.Status.FAILED):
+                taken.append(checkpoint.step)
+        elif (after.waiting or {}).get("woken_from") is None:
             taken.append(checkpoint.step)
     return taken
+
+
+def _steps_picture(run: Run, path: list[str], next_step: str | None) -> tuple[str, str]:
+    """The agent's steps with this run on them (pictures.steps_svg), or why there is none."""
+    try:
+        agent = registry.get(run.agent, run.agent_version)
+    except UnknownAgent:
+        return "", f"{run.agent} v{run.agent_version} is not registered here any more."
+    statuses = dict.fromkeys(path, "done")
+    current = None
+    if run.status == Run.Status.FAILED and path:
+        statuses[path[-1]] = "failed"
+    elif run.status == Run.Status.RUNNING and path:
+        current = path[-1]
+        statuses[current] = "current"
+    elif run.status in (Run.Status.WAITING, Run.Status.QUEUED) and next_step:
+        current = next_step
+        statuses[current] = "waiting" if run.status == Run.Status.WAITING else "current"
+    try:
+        return steps_svg(agent, visits=dict(Counter(path)), current=current, statuses=statuses,
+                         path=list(zip(path, path[1:], strict=False)),
+                         title=f"Steps of {run.agent} v{run.agent_version} for this run"), ""
+    except PictureError:
+        return "", "The picture could not be drawn (Graphviz failed); the path is below."
 
 
 def _diff(request, run: Run, visits: list[int]) -> dict:
@@ -116,12 +147,16 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
                           visits_of_step={v for v, s in steps_at.items() if s == step})
     logged = list(logged)[-LOG_LIMIT:]
     timeline = timeline_of(run)
+    header = _header_context(request, tenant, run)
+    path_taken = _path(run, checkpoints)
+    picture, no_picture = _steps_picture(run, path_taken, header["s"].next_step)
     context = {
-        **_header_context(request, tenant, run),
+        **header,
+        "steps_picture": picture, "no_picture": no_picture,
         "section": "runs",
         "checkpoints": checkpoints,
         "steps": sorted({s for s in steps_at.values() if s}),
-        "path": _path(checkpoints),
+        "path": path_taken,
         "log_shows": LOG_SHOWS, "log_show": show, "log_step": step, "log": logged,
         "log_total": events.count(),
         "outbox": outbox_list(run_id=run.id).order_by("id"),
