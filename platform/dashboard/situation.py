@@ -3,10 +3,10 @@ what runs next, which artifacts were approved and by whom, whether each outside 
 happened, and why it failed. Reads through the runs core's selectors and models; decides
 nothing and writes nothing."""
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+
+from django.db.models import Q
 
 from runs.approvals.models import Approval, EventGate
 from runs.approvals.selectors import approval_list
@@ -222,11 +222,5 @@ def event_filter(events, *, show: str, step: str = "", visits_of_step: set[int] 
         case "waits":
             return events.filter(kind__in=WAIT_KINDS)
         case "step" if step:
-            return [e for e in events if e.data.get("step") == step
-                    or (e.visit is not None and e.visit in (visits_of_step or set()))]
+            return events.filter(Q(data__step=step) | Q(visit__in=visits_of_step or set()))
     return events
-
-
-def json_short(value: Any, limit: int = 120) -> str:
-    """A JSON value on one line, trimmed, for tables."""
-    return trim(json.dumps(value, default=str, ensure_ascii=False), limit)

@@ -306,7 +306,9 @@ def test_an_operator_cancels_with_a_confirmation_and_is_recorded(acme):
 def test_requeue_refused_by_the_service_is_a_message(acme, as_role):
     with tenant_context(acme):
         run = finished(start("waiter", input={"how": "approval"}).id)
-    response = as_role("operator").post(f"/t/acme/runs/{run.id}/requeue", follow=True)
+    operator = as_role("operator")
+    assert "Re-queue</button>" not in text(page(operator, run.id))  # not offered while it waits
+    response = operator.post(f"/t/acme/runs/{run.id}/requeue", follow=True)
     assert response.status_code == 200 and "run_waiting_on_something" in text(response)
 
 

@@ -145,7 +145,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
     events = run_event_list(run_id=run.id).order_by("id")
     logged = event_filter(events, show=show, step=step,
                           visits_of_step={v for v, s in steps_at.items() if s == step})
-    logged = list(logged)[-LOG_LIMIT:]
+    logged = list(logged.order_by("-id")[:LOG_LIMIT])[::-1]  # the newest, oldest first
     timeline = timeline_of(run)
     header = _header_context(request, tenant, run)
     path_taken = _path(run, checkpoints)
