@@ -16,6 +16,9 @@ from django.utils.safestring import SafeString, mark_safe
 from runs.effects.models import Effect
 from runs.models import Branch, Checkpoint, Run, RunEvent
 
+# What wakes a parked run (the session log's kinds): where a parked span ends.
+WAKE_KINDS = frozenset({"approval_decided", "event_received", "timer_fired", "wait_timed_out",
+                        "fan_in", "operator_requeued", "run_migrated"})
 MAX_CHILD_LANES = 20
 MAX_BRANCH_LANES = 30
 WIDTH, LABELS, LANE, AXIS, PAD = 960, 170, 28, 28, 12
@@ -94,9 +97,17 @@ def timeline_of(run: Run, *, now: datetime | None = None) -> Timeline:
             if (after.waiting or {}).get("woken_from") is not None:
                 spans.append(Span(lane, "parked", _parked_label(checkpoint), checkpoint.created_at,
                                   after.created_at, "waited", checkpoint.visit))
-            else:
-                spans.append(Span(lane, "step", checkpoint.step or "?", checkpoint.created_at,
-                                  after.created_at, "done", checkpoint.visit))
+                continue
+            begun = checkpoint.created_at
+            if (checkpoint.waiting or {}).get("kind"):  # parked here, woken without a checkpoint
+                woke = next((e.created_at for e in events if e.kind in WAKE_KINDS
+                             and checkpoint.created_at <= e.created_at <= after.created_at), None)
+                if woke is not None:
+                    spans.append(Span(lane, "parked", _parked_label(checkpoint), begun, woke,
+                                      "waited", checkpoint.visit))
+                    begun = woke
+            spans.append(Span(lane, "step", checkpoint.step or "?", begun, after.created_at,
+                              "done", checkpoint.visit))
             continue
         if checkpoint.step is None:  # the run's end
             continue

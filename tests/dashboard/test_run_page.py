@@ -121,7 +121,7 @@ def test_a_run_waiting_on_an_event_says_what_for_and_what_runs_next(acme, as_rol
     assert "Step <code>event_seen</code>, when the event arrives" in header
     assert 'hx-trigger="every 2s' in header  # live while unfinished
     assert "Send the event it waits for" not in body  # a viewer has no actions
-    picture = body.split('<div class="steps-picture">')[1].split("</svg>")[0]
+    picture = body.split('aria-label="Steps picture">')[1].split("</svg>")[0]
     assert "now at event_seen" in picture and "waiting" in picture
 
 
@@ -228,7 +228,7 @@ def test_checkpoint_state_and_the_diff_of_a_known_pair(acme, as_role):
     assert client.get(f"/t/acme/runs/{run.id}/checkpoints/2").status_code == 200  # a page
     assert client.get(f"/t/acme/runs/{run.id}/checkpoints/99").status_code == 404
 
-    diff = text(page(client, run.id, "?a=1&b=2")).split('class="table-wrap"><table class="diff">')[1]
+    diff = text(page(client, run.id, "?a=1&b=2")).split('<table class="diff">')[1]
     rows = diff.split("</table>")[0]
     assert "Changes from visit 1 to visit 2: 2" in rows
     assert '<td class="mono">state.said</td><td>changed</td>' in rows
@@ -362,3 +362,17 @@ def test_a_globex_run_under_acme_is_404(acme, globex):
         assert owner.post(f"/t/acme/runs/{theirs.id}/{action}", {"confirm": "yes"}).status_code == 404
     with tenant_context(globex):
         assert Run.objects.get(id=theirs.id).status == "waiting"
+
+
+def test_a_fan_out_has_a_lane_per_branch_and_its_wait_is_a_parked_span(acme, as_role, worker):
+    with tenant_context(acme):
+        run = run_start(agent="fanner", input={"count": 3}).run
+    wait_for(lambda: status_is(acme, run.id, "succeeded"), timeout=30, what="the fan-out")
+    body = text(page(as_role("viewer"), run.id))
+    svg = body.split('<svg class="timeline-svg"')[1].split("</svg>")[0]
+    for index in range(3):
+        assert f">branch 1/{index}</text>" in svg
+    assert svg.count('class="span span-branch"') == 3
+    assert svg.count('class="span span-parked"') == 1  # spread → (parked) → total
+    assert svg.count('class="span span-step"') == 2
+    assert "done · ×3" in body  # square, visited by the three branches, in the steps picture

@@ -22,7 +22,7 @@ from runs import services
 from runs.agents import UnknownAgent, registry
 from runs.approvals.services import event_submit
 from runs.effects.selectors import outbox_list
-from runs.models import Run
+from runs.models import Branch, Run
 from runs.selectors import checkpoint_list, run_event_list, run_or_404
 from tenants.people import audit_record
 from tenants.roles import APPROVALS_DECIDE, RUNS_WRITE
@@ -108,8 +108,17 @@ def _steps_picture(run: Run, path: list[str], next_step: str | None) -> tuple[st
     elif run.status in (Run.Status.WAITING, Run.Status.QUEUED) and next_step:
         current = next_step
         statuses[current] = "waiting" if run.status == Run.Status.WAITING else "current"
+    visits = Counter(path)
+    for branch in Branch.objects.filter(run=run):  # a fan-out's branches visit its step
+        visits[branch.step] += 1
+        if branch.status == Branch.Status.FAILED:
+            statuses[branch.step] = "failed"
+        elif branch.status == Branch.Status.DONE:
+            statuses.setdefault(branch.step, "done")
+        else:
+            statuses[branch.step] = "current"
     try:
-        return steps_svg(agent, visits=dict(Counter(path)), current=current, statuses=statuses,
+        return steps_svg(agent, visits=dict(visits), current=current, statuses=statuses,
                          path=list(zip(path, path[1:], strict=False)),
                          title=f"Steps of {run.agent} v{run.agent_version} for this run"), ""
     except PictureError:
