@@ -167,6 +167,9 @@ def test_the_onboarding_demo_moves_on_when_its_event_is_sent_from_the_page(acme,
     assert "Step <code>provision</code>, when the event arrives" in body
     assert "<strong>welcome_packet</strong> <span class=\"muted\">(email, visit 0)</span>: Happened." in body
     assert f'id="event-key" name="key" value="{email}" readonly' in body
+    effects = body.split('<table class="effects">')[1].split("</table>")[0]
+    assert "<strong>welcome_packet</strong>" in effects and "status-done\">done" in effects
+    assert "Migrate</h3>" not in body  # no newer onboarding is registered
 
     # bad input: an error, and what was typed is kept
     bad = client.post(f"/t/acme/runs/{run.id}/event", {"payload": '{"signed": tru'})
