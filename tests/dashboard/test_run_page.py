@@ -6,6 +6,7 @@ driven in this process (tests.support.runs) or by the real worker."""
 import uuid
 
 import pytest
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import escape
 from django_tenants.utils import tenant_context
 
@@ -125,6 +126,17 @@ def test_a_run_waiting_on_an_event_says_what_for_and_what_runs_next(acme, as_rol
     assert "now at event_seen" in picture and "waiting" in picture
 
 
+def test_a_sleeping_run_says_until_when(acme, as_role):
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "sleep", "seconds": 3600}).id)
+    body = text(page(as_role("viewer"), run.id))
+    assert "It sleeps until <time" in body and "(a timer)" in body
+    assert "Step <code>slept</code>, when the timer is due" in body
+    as_role("operator").post(f"/t/acme/runs/{run.id}/cancel", {"confirm": "yes"})
+    with tenant_context(acme):
+        assert Run.objects.get(id=run.id).status == "cancelled"
+
+
 def test_the_header_alone_refreshes_and_says_when_the_status_changed(acme, as_role):
     with tenant_context(acme):
         run = finished(start("waiter", input={"how": "approval"}).id)
@@ -213,8 +225,17 @@ def test_an_effect_of_unknown_outcome_is_said_in_words(acme, as_role):
         Effect.objects.create(run=run, scope="0", name="receipt", connector="email",
                               args_hash="y", idempotency_key=uuid.uuid4().hex, status="failed",
                               attempts=3, error="mailbox full")
+        ask = Approval.objects.create(run=run, visit=0, kind="effect_outcome",
+                                      request={"title": "Did the charge go through?",
+                                               "scope": "0", "effect": "charge"}, then="talk")
     body = text(page(as_role("viewer"), run.id))
     assert "Outcome unknown: the call may or may not have reached payments" in body
+    try:  # the inbox's page (another area's URL), once it is mounted
+        inbox = reverse("dashboard:approval", args=["acme", ask.id])
+    except NoReverseMatch:
+        inbox = None
+    if inbox:
+        assert f'<a href="{inbox}">Say whether it arrived</a>' in body
     assert "<strong>receipt</strong>" in body and "Failed: mailbox full" in body
     assert '<span class="status status-unknown">unknown</span>' in body
 
