@@ -145,6 +145,9 @@ def test_the_header_alone_refreshes_and_says_when_the_status_changed(acme, as_ro
     assert partial.status_code == 200
     assert text(partial).startswith('<section id="run-header"') and "<html" not in text(partial)
     assert "It waits for a decision: <strong>Ship it?</strong>" in text(partial)
+    assert "You may not decide it." in text(partial)  # a viewer
+    decider = as_role("approver").get(f"/t/acme/runs/{run.id}/header")
+    assert "You may decide it." in text(decider)
     assert "Step <code>decided</code>, when the approval is decided" in text(partial)
     assert "The run is now" not in text(partial)
     changed = text(client.get(f"/t/acme/runs/{run.id}/header?seen=running"))

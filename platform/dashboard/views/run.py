@@ -70,7 +70,13 @@ def _newer_versions(run: Run) -> list[int]:
 
 def _header_context(request, tenant, run: Run) -> dict:
     situation = situation_of(run)
+    approval = situation.wait.approval if situation.wait else None
+    # As approval_decide checks it: the role decides, and the person is among the deciders
+    member = request.member
+    you_decide = approval is not None and member.may(APPROVALS_DECIDE) and (
+        not approval.deciders or bool(set(member.identities) & set(approval.deciders)))
     return {"tenant": tenant, "run": run, "s": situation, "live": not run.is_finished,
+            "you_decide": you_decide,
             "seen": request.GET.get("seen", run.status),
             "header_url": reverse("dashboard:run_header", args=[tenant, run.id])}
 
@@ -171,6 +177,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         "outbox": outbox_list(run_id=run.id).order_by("id"),
         "timeline": timeline,
         "timeline_svg": timeline_svg(timeline, title=f"Timeline of run {run.id}"),
+        "timeline_length": duration((timeline.end - timeline.start).total_seconds()),
         "timeline_rows": [(span, duration(span.seconds)) for span in timeline.spans],
         "children": list(run.children.order_by("created_at")),
         "newer_versions": _newer_versions(run),
