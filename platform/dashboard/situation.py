@@ -20,7 +20,7 @@ ERROR_SHORT = 300  # characters of an error the header shows; the rest is behind
 # Session-log kinds that say something went wrong, and those that park or wake a run.
 FAILURE_KINDS = frozenset({
     "step_error", "step_failed", "run_failed", "engine_error", "poison_step", "resume_refused",
-    "budget_exceeded", "lease_expired", "agent_unknown_here"})
+    "budget_exceeded", "lease_expired", "agent_unknown_here", "limit_exceeded"})
 WAIT_KINDS = frozenset({
     "run_parked", "approval_requested", "approval_decided", "event_received", "timer_fired",
     "fan_out", "fan_in", "approval_expired", "gate_expired", "child_run"})
@@ -187,19 +187,28 @@ def _effect_lines(run: Run) -> list[EffectLine]:
 
 
 def _failure(run: Run) -> Failure | None:
+    """The step the run failed in and its error. The run's end event names the visit: a step
+    whose retries ran out (or that broke a rule) ends at its own visit, a step that chose to
+    fail at the next one, whose checkpoint is the end."""
     if run.status != Run.Status.FAILED:
         return None
-    events = RunEvent.objects.filter(run=run, kind__in=("step_failed", "step_error",
-                                                        "run_failed", "engine_error"))
-    last = events.order_by("-id").first()
-    step_event = events.filter(kind__in=("step_failed", "step_error")).order_by("-id").first()
-    error = run.error or (last.data.get("error", "") if last else "") or "No error was recorded."
-    step = (step_event.data.get("step", "") if step_event else "") or ""
-    visit = step_event.visit if step_event else (last.visit if last else None)
-    if not step and visit is not None:  # the step that ran from that visit's checkpoint
-        step = Checkpoint.objects.filter(run=run, visit=visit).values_list(
-            "step", flat=True).first() or ""
-    traceback = step_event.data.get("traceback", "") if step_event else ""
+    ended = RunEvent.objects.filter(run=run, kind__in=("run_failed", "limit_exceeded")) \
+        .order_by("-id").first()
+    visit = ended.visit if ended else None
+    error = run.error or (ended.data.get("error", "") if ended else "") or "No error was recorded."
+    step, traceback = "", ""
+    if visit is not None:
+        step_event = RunEvent.objects.filter(run=run, visit=visit, kind__in=(
+            "step_failed", "step_error")).order_by("-id").first()
+        if step_event is not None:
+            step, traceback = step_event.data.get("step", ""), step_event.data.get("traceback", "")
+        else:
+            at = Checkpoint.objects.filter(run=run, visit=visit).values_list("step", flat=True).first()
+            if at is None and visit > 0:  # the end's checkpoint: the step ran from the one before
+                visit -= 1
+                at = Checkpoint.objects.filter(run=run, visit=visit).values_list(
+                    "step", flat=True).first()
+            step = at or ""
     return Failure(step=step, visit=visit, error=error, short=trim(error), traceback=traceback)
 
 

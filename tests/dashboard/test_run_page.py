@@ -109,6 +109,14 @@ def test_a_failed_step_shows_its_error_trimmed_with_the_full_text_behind_details
     assert "<code>run_created</code>" in log and "<code>step_error</code>" not in log
 
 
+def test_a_step_that_chose_to_fail_is_named_with_its_reason(acme, as_role):
+    with tenant_context(acme):
+        run = finished(start("rulebreaker", input={"how": "fails"}).id)
+    header = text(page(as_role("viewer"), run.id)).split('id="run-header"')[1].split("</section>")[0]
+    assert 'Step <code>start</code> (visit 0): <span class="error-text">the agent gave up</span>' in header
+    assert "The full error" not in header  # nothing was trimmed, and there is no traceback
+
+
 def test_a_run_waiting_on_an_event_says_what_for_and_what_runs_next(acme, as_role):
     key = f"k-{uuid.uuid4().hex[:8]}"
     with tenant_context(acme):
