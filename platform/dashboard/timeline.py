@@ -19,6 +19,7 @@ from runs.models import Branch, Checkpoint, Run, RunEvent
 # What wakes a parked run (the session log's kinds): where a parked span ends.
 WAKE_KINDS = frozenset({"approval_decided", "event_received", "timer_fired", "wait_timed_out",
                         "fan_in", "operator_requeued", "run_migrated"})
+MAX_RUN_SPANS = 400
 MAX_CHILD_LANES = 20
 MAX_BRANCH_LANES = 30
 WIDTH, LABELS, LANE, AXIS, PAD = 960, 170, 28, 28, 12
@@ -57,6 +58,7 @@ class Timeline:
     start: datetime
     end: datetime
     more_lanes: int = 0  # lanes left out (too many children or branches)
+    hidden_spans: int = 0  # the run's earliest spans, left out of a long run
 
     @property
     def empty(self) -> bool:
@@ -87,7 +89,8 @@ def _parked_label(checkpoint: Checkpoint) -> str:
 def timeline_of(run: Run, *, now: datetime | None = None) -> Timeline:
     now = now or timezone.now()
     end_of_run = run.finished_at or now
-    checkpoints = list(Checkpoint.objects.filter(run=run).order_by("visit"))
+    checkpoints = list(Checkpoint.objects.filter(run=run).defer("state", "log_offsets")
+                       .order_by("visit"))
     events = list(RunEvent.objects.filter(run=run).order_by("id"))
     spans, marks = [], []
     lane = "this run"
@@ -133,6 +136,10 @@ def timeline_of(run: Run, *, now: datetime | None = None) -> Timeline:
         marks.append(Mark(lane, "effect", f"effect {effect.name} ({effect.connector}): "
                           f"{effect.status}", effect.created_at, effect.status))
 
+    hidden = max(0, len(spans) - MAX_RUN_SPANS)  # a long loop: its latest visits
+    spans = spans[hidden:]
+    if spans:
+        marks = [m for m in marks if m.at >= spans[0].start]
     lanes, more = [lane], 0
     children = list(Run.objects.filter(parent=run).order_by("created_at"))
     more += max(0, len(children) - MAX_CHILD_LANES)
@@ -153,7 +160,8 @@ def timeline_of(run: Run, *, now: datetime | None = None) -> Timeline:
     times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks]
     start = min(times, default=run.created_at)
     end = max(times, default=end_of_run)
-    return Timeline(lanes=lanes, spans=spans, marks=marks, start=start, end=end, more_lanes=more)
+    return Timeline(lanes=lanes, spans=spans, marks=marks, start=start, end=end, more_lanes=more,
+                    hidden_spans=hidden)
 
 
 def _fill(span: Span) -> str:

@@ -10,8 +10,10 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import escape
 from django_tenants.utils import tenant_context
 
+from dashboard import timeline
 from dashboard.diffs import Change, json_diff
 from dashboard.situation import trim
+from dashboard.views import run as run_views
 from integrations.services import credential_set
 from runs.agents import Agent, RetryPolicy
 from runs.approvals.models import Approval
@@ -411,3 +413,16 @@ def test_a_fan_out_has_a_lane_per_branch_and_its_wait_is_a_parked_span(acme, as_
     assert svg.count('class="span span-parked"') == 1  # spread → (parked) → total
     assert svg.count('class="span span-step"') == 2
     assert "done · ×3" in body  # square, visited by the three branches, in the steps picture
+
+
+def test_a_long_run_shows_its_latest_spans_and_checkpoints(acme, as_role, monkeypatch):
+    monkeypatch.setattr(timeline, "MAX_RUN_SPANS", 2)
+    monkeypatch.setattr(run_views, "CHECKPOINTS_SHOWN", 2)
+    with tenant_context(acme):
+        run = finished(start("chatter", input={"steps": 3}).id)  # checkpoints 0-4
+    client = as_role("viewer")
+    body = text(page(client, run.id))
+    assert body.count('class="span span-step"') == 2
+    assert "The run's first 2 spans are not drawn" in body
+    assert "The latest 2 are listed; 3 earlier ones" in body
+    assert "Changes from visit 0 to visit 1" in text(page(client, run.id, "?a=0&b=1"))

@@ -36,6 +36,7 @@ from ..timeline import duration, timeline_of, timeline_svg
 LOG_SHOWS = {"all": "All events", "failures": "Failures only", "waits": "Waits only",
              "step": "One step"}
 LOG_LIMIT = 500  # the newest this many; the API pages through the rest
+CHECKPOINTS_SHOWN = 300  # the latest; any visit can still be opened and compared by URL
 
 
 class EventForm(forms.Form):
@@ -151,7 +152,10 @@ def _diff(request, run: Run, visits: list[int]) -> dict:
 
 
 def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, status: int = 200):
-    checkpoints = list(checkpoint_list(run_id=run.id).order_by("visit"))
+    # the states are read one at a time, on demand (checkpoint_state)
+    checkpoints = list(checkpoint_list(run_id=run.id).defer("state", "log_offsets")
+                       .order_by("visit"))
+    shown = checkpoints[-CHECKPOINTS_SHOWN:]
     visits = [c.visit for c in checkpoints]
     steps_at = {c.visit: c.step for c in checkpoints}
     show = request.GET.get("log", "all")
@@ -169,7 +173,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         **header,
         "steps_picture": picture, "no_picture": no_picture,
         "section": "runs",
-        "checkpoints": checkpoints,
+        "checkpoints": shown, "checkpoints_hidden": len(checkpoints) - len(shown),
         "steps": sorted({s for s in steps_at.values() if s}),
         "path": path_taken,
         "log_shows": LOG_SHOWS, "log_show": show, "log_step": step, "log": logged,
