@@ -3,12 +3,13 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, agents, approvals, members, runs, settings
+from .views import accounts, agents, approvals, members, run, runs, settings
 
 app_name = "dashboard"
 
 tenant_pages = [
     *runs.urlpatterns,
+    *run.urlpatterns,
     *approvals.urlpatterns,
     *agents.urlpatterns,
     *members.urlpatterns,
