@@ -1,8 +1,10 @@
 """Deliver an event to a tenant through the public API, as a customer's system would:
-`python manage.py demo_event docs.signed ada@demo.test [--payload '{"signed": true}']`."""
+`.venv/bin/python manage.py demo_event docs.signed ada@demo.test [--payload '{"signed": true}']`."""
 
 import json
 import os
+import shlex
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,6 +14,12 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Tenant
 from tenants.services import api_key_create
+
+
+def manage_command() -> str:
+    """`manage.py` as a command that works in any shell and directory: this checkout's
+    interpreter (its virtualenv's) and manage.py, by absolute path."""
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(settings.BASE_DIR) / 'manage.py'))}"
 
 
 def demo_key_path(tenant: str) -> Path:
@@ -29,7 +37,7 @@ def demo_key(tenant: str) -> str:
 
     tenant_row = Tenant.objects.filter(schema_name=tenant).first()
     if tenant_row is None:
-        raise CommandError(f"no tenant {tenant!r}: run `python manage.py create_tenant {tenant}`")
+        raise CommandError(f"no tenant {tenant!r}: run `{manage_command()} create_tenant {tenant}`")
     _, key = api_key_create(tenant=tenant_row, name="demo-cli")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
