@@ -86,6 +86,7 @@ def open_page(chromium, dashboard_server):
 
     def open_(viewport: str = "wide") -> Page:
         context = chromium.new_context(base_url=dashboard_server.url, viewport=VIEWPORTS[viewport])
+        context.set_default_timeout(15_000)  # a missing button fails in seconds, not 30
         contexts.append(context)
         return context.new_page()
 
@@ -101,9 +102,10 @@ def person(tenant, role: str, *, email: str | None = None, password: str = PASSW
 
 
 def sign_in(page: Page, user, password: str = PASSWORD) -> None:
-    """Through the login form, as a person would; waits until the sign-in page is left."""
+    """Through the login form, as a person would (`user`: an account or an email); waits until
+    the page shows the person signed in."""
     page.goto("/login")
-    page.get_by_label("Email").fill(user.get_username())
+    page.get_by_label("Email").fill(user if isinstance(user, str) else user.get_username())
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("button", name="Sign out")).to_be_visible()

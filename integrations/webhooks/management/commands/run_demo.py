@@ -25,7 +25,7 @@ def instructions(*, run: Run, tenant: str, email: str, url: str, hardware_timeou
     $APPROVAL). tests/webhooks/test_run_demo.py runs them in a fresh shell."""
     manage = manage_command()
     python = shlex.quote(sys.executable)
-    key = f'"$(cat {shlex.quote(str(demo_key_path(tenant)))})"'
+    key = f"$(cat {shlex.quote(str(demo_key_path(tenant)))})"
     api = f"curl -s -H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json'"
     pick = f"{python} -c 'import json,sys; print(json.load(sys.stdin)[\"results\"][0][\"id\"])'"
     return f"""
