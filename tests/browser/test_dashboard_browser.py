@@ -75,7 +75,7 @@ def test_a_person_of_two_tenants_picks_one_and_switches(open_page, acme, globex)
 
 def test_a_user_of_acme_gets_the_404_page_for_globex_and_its_run(open_page, acme, globex, worker):
     with tenant_context(globex):
-        globex_run = run_start(agent="chatter", input={"messages": ["private"]}).run
+        globex_run = run_start(agent="chatter", input={"steps": 1, "note": "private"}).run
     page = open_page()
     sign_in(page, person(acme, "owner"))
     for path in ("/t/globex/runs", f"/t/acme/runs/{globex_run.id}", f"/t/globex/runs/{globex_run.id}"):
