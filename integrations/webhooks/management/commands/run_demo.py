@@ -61,7 +61,7 @@ class Command(BaseCommand):
 
     def handle(self, tenant, timeout, hardware_timeout, url, **options):
         demo = tenant_create(schema_name=tenant).tenant
-        demo_key(tenant)  # minted now, so the commands printed below work as they are
+        demo_key(tenant, verify=True)  # minted now, so the commands printed below work as they are
         email = f"ada-{uuid.uuid4().hex[:6]}@{tenant}.test"
         url = url.rstrip("/")
         with tenant_context(demo):
