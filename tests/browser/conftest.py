@@ -26,10 +26,6 @@ from tenants.services import tenant_create, tenant_delete
 from tests.support.fakes.smtp import SMTPServer
 from tests.support.live_server import LiveServer
 
-# Playwright's sync API runs an event loop in this thread; Django would then refuse ORM calls
-# from the tests ("async context"). The tests are plain sequential code: allow them.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM = "/usr/bin/chromium"
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
@@ -71,12 +67,23 @@ def browser_tenant(django_db_setup, django_db_blocker, s3, smtp):
         connection.set_schema_to_public()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium():
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield browser
-        browser.close()
+    """One headless Chromium for the browser tests. While Playwright's sync API runs, an event
+    loop runs in this thread and Django would refuse the tests' ORM calls ("async context");
+    the tests are plain sequential code, so that check is off for them, and only them."""
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            yield browser
+            browser.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
 
 
 @pytest.fixture
