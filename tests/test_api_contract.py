@@ -3,71 +3,25 @@ operation of the OpenAPI schema against a real HTTP server process with a real t
 with all its default checks, and finds nothing; the docs page and its assets come from the
 platform itself."""
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
 import schemathesis
-from django.conf import settings
 from django.db import connection
 from django.test import Client
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 from tenants.services import tenant_create, tenant_delete
-from tests.support.waiting import wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
-LOG = ROOT / ".dev" / "test-logs" / "api-server.log"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class ApiServer:
-    """`manage.py runserver` as its own process, on a free port (its own process group)."""
-
-    def __init__(self):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        LOG.parent.mkdir(parents=True, exist_ok=True)
-        # --insecure: serve static files (the docs UI's assets) with DEBUG off, as tests run
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", "--noreload", "--insecure",
-             f"127.0.0.1:{self.port}"],
-            cwd=ROOT, env={**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE},
-            stdout=LOG.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    def answering(self) -> bool:
-        assert self.process.poll() is None, LOG.read_text(errors="replace")[-3000:]
-        try:
-            return requests.get(f"{self.url}/api/v1/schema", timeout=2).status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=20)
+from tests.support.live_server import LiveServer
 
 
 @pytest.fixture(scope="module")
 def api_server(django_db_setup):
-    server = ApiServer()
-    try:
-        wait_for(server.answering, timeout=60, interval=0.2, what="the API server to answer")
-        yield server
-    finally:
-        server.stop()
+    server = LiveServer(name="api-server", ready_path="/api/v1/schema").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 """Deliver an event to a tenant through the public API, as a customer's system would:
-`python manage.py demo_event docs.signed ada@demo.test [--payload '{"signed": true}']`."""
+`.venv/bin/python manage.py demo_event docs.signed ada@demo.test [--payload '{"signed": true}']`."""
 
 import json
 import os
+import shlex
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -11,30 +13,47 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Tenant
-from tenants.services import api_key_create
+from tenants.services import ApiKeyRejected, api_key_authenticate, api_key_create
+
+
+def manage_command() -> str:
+    """`manage.py` as a command that works in any shell and directory: this checkout's
+    interpreter (its virtualenv's) and manage.py, by absolute path."""
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(settings.BASE_DIR) / 'manage.py'))}"
 
 
 def demo_key_path(tenant: str) -> Path:
     return Path(settings.BASE_DIR) / ".dev" / f"demo-api-key-{tenant}"
 
 
-def demo_key(tenant: str) -> str:
+def demo_key(tenant: str, *, verify: bool = False) -> str:
     """The tenant's API key for the demo: AGENTPLATFORM_API_KEY, else the key run_demo minted
-    into .dev/ (local development only; the database stores only its hash)."""
+    into .dev/ (local development only; the database stores only its hash). `verify`: mint a
+    new one if the stored key no longer opens the tenant (the database was made afresh), so
+    the commands run_demo prints keep working."""
     if key := os.environ.get("AGENTPLATFORM_API_KEY"):
         return key
     path = demo_key_path(tenant)
     if path.exists():
-        return path.read_text().strip()
+        key = path.read_text().strip()
+        if not verify or _opens(key, tenant):
+            return key
 
     tenant_row = Tenant.objects.filter(schema_name=tenant).first()
     if tenant_row is None:
-        raise CommandError(f"no tenant {tenant!r}: run `python manage.py create_tenant {tenant}`")
+        raise CommandError(f"no tenant {tenant!r}: run `{manage_command()} create_tenant {tenant}`")
     _, key = api_key_create(tenant=tenant_row, name="demo-cli")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.write_text(key + "\n")
     return key
+
+
+def _opens(key: str, tenant: str) -> bool:
+    try:
+        return api_key_authenticate(presented=key).tenant.schema_name == tenant
+    except ApiKeyRejected:
+        return False
 
 
 class Command(BaseCommand):
