@@ -25,6 +25,7 @@ from runs.approvals.services import approval_decide
 from tenants.roles import APPROVALS_DECIDE, READ
 
 from ..access import tenant_page
+from ..typed_json import json_typed
 
 PAGE = 50
 SHOWS = {"pending": "Pending", "decided": "Decided"}
@@ -58,10 +59,9 @@ class DecisionForm(forms.Form):
         if not self.editable:
             raise forms.ValidationError("This approval has no artifact to edit.")
         try:
-            edited = json.loads(data.get("artifact") or "")
-        except json.JSONDecodeError as exc:
-            self.add_error("artifact", f"Not valid JSON: {exc.msg} (line {exc.lineno}, "
-                                       f"column {exc.colno}). Nothing was decided.")
+            edited = json_typed(data.get("artifact") or "")
+        except forms.ValidationError as exc:
+            self.add_error("artifact", f"{exc.messages[0]} Nothing was decided.")
             return data
         if edited is None:  # the service reads None as "the artifact as requested"
             self.add_error("artifact", "The edited artifact cannot be null.")

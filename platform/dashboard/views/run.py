@@ -32,6 +32,7 @@ from ..diffs import json_diff
 from ..pictures import PictureError, steps_svg
 from ..situation import event_filter, situation_of
 from ..timeline import duration, timeline_of, timeline_svg
+from ..typed_json import json_typed
 
 LOG_SHOWS = {"all": "All events", "failures": "Failures only", "waits": "Waits only",
              "step": "One step"}
@@ -47,11 +48,7 @@ class EventForm(forms.Form):
 
     def clean_payload(self):
         text = self.cleaned_data["payload"].strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, "
-                                        f"column {exc.colno}).") from None
+        value = json_typed(text)
         if not isinstance(value, dict):
             raise forms.ValidationError("The payload must be a JSON object ({...}).")
         return value

@@ -1,0 +1,72 @@
+"""Attacks on the dashboard's runs half (the Runs list, the Run page, the approvals inbox), each
+a regression test: what a hostile tenant member, another tenant, or hostile data fed through a
+run tried, and that it now gets a clear answer instead of a 500, markup, or access."""
+
+import uuid
+
+import pytest
+from django_tenants.utils import tenant_context
+
+from runs.approvals.models import Approval, InboundEvent
+from runs.models import Run
+from tests.support.runs import finished, start
+
+from .conftest import person, signed_in
+
+# JSON the API's parser refuses (agentplatform.parsers); PostgreSQL cannot store the first four
+# (a DataError at the insert) and Python's parser recurses on the last (a RecursionError).
+UNSTORABLE = {
+    "NaN": ('{"x": NaN}', "Not valid JSON"),
+    "Infinity": ('{"x": -Infinity}', "Not valid JSON"),
+    "1e400": ('{"x": 1e400}', "must be finite"),
+    "NUL": ('{"x": "a\\u0000b"}', "U+0000"),
+    "lone surrogate": ('{"x": "\\ud800"}', "surrogate"),
+    "deep": ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper"),
+    "deep enough to store, deeper than the API takes": (
+        '{"x": ' + "[" * 40 + "]" * 40 + "}", "nested deeper"),
+}
+
+
+def _said(response, words: str) -> bool:
+    return words in response.content.decode()
+
+
+@pytest.mark.parametrize("case", list(UNSTORABLE))
+def test_start_form_refuses_json_the_api_refuses_instead_of_a_500(acme, case):
+    text, words = UNSTORABLE[case]
+    client = signed_in(person(acme, "operator"))
+    key = str(uuid.uuid4())
+    response = client.post("/t/acme/runs/start", {
+        "agent": "research", "durability": "sync", "input": text, "idempotency_key": key})
+    assert response.status_code == 200 and _said(response, words)
+    with tenant_context(acme):
+        assert not Run.objects.filter(idempotency_key=key).exists()
+
+
+@pytest.mark.parametrize("case", list(UNSTORABLE))
+def test_event_form_refuses_json_the_api_refuses_instead_of_a_500(acme, case):
+    text, words = UNSTORABLE[case]
+    key = uuid.uuid4().hex
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "event", "kind": "k.sec", "key": key}).id)
+    client = signed_in(person(acme, "operator"))
+    response = client.post(f"/t/acme/runs/{run.id}/event", {"payload": text})
+    assert response.status_code == 400 and _said(response, words)
+    with tenant_context(acme):
+        assert not InboundEvent.objects.filter(kind="k.sec", key=key).exists()
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING
+
+
+@pytest.mark.parametrize("case", list(UNSTORABLE))
+def test_edited_artifact_refuses_json_the_api_refuses_instead_of_a_500(acme, case):
+    text, words = UNSTORABLE[case]
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "approval"}).id)
+        approval = Approval.objects.get(run=run, status=Approval.Status.PENDING)
+    client = signed_in(person(acme, "approver"))
+    response = client.post(f"/t/acme/approvals/{approval.id}", {
+        "decision": "approve_edited", "artifact": text})
+    assert response.status_code == 400 and _said(response, words)
+    assert _said(response, "Nothing was decided")
+    with tenant_context(acme):
+        assert Approval.objects.get(id=approval.id).status == Approval.Status.PENDING
