@@ -70,3 +70,18 @@ def test_edited_artifact_refuses_json_the_api_refuses_instead_of_a_500(acme, cas
     assert _said(response, "Nothing was decided")
     with tenant_context(acme):
         assert Approval.objects.get(id=approval.id).status == Approval.Status.PENDING
+
+
+def test_the_header_does_not_echo_a_links_words_as_the_runs_earlier_status(acme):
+    """`?seen=` is the status the page was loaded with; a link that sets it to a sentence put
+    that sentence in the header ("The run is now queued (it was <sentence> when ...)")."""
+    with tenant_context(acme):
+        run = start("research", input={"topic": "seen"})
+    client = signed_in(person(acme, "viewer"))
+    lure = "compromised. Sign in again at evil.example to keep it"
+    for url in (f"/t/acme/runs/{run.id}/header", f"/t/acme/runs/{run.id}"):
+        body = client.get(url, {"seen": lure}).content.decode()
+        assert "evil.example" not in body
+        assert "run-changed" not in body  # the run is as it was: nothing to say
+    changed = client.get(f"/t/acme/runs/{run.id}/header", {"seen": "running"}).content.decode()
+    assert "it was running when this page was loaded" in changed

@@ -75,7 +75,10 @@ def _header_context(request, tenant, run: Run) -> dict:
         not approval.deciders or bool(set(member.identities) & set(approval.deciders)))
     return {"tenant": tenant, "run": run, "s": situation, "live": not run.is_finished,
             "you_decide": you_decide,
-            "seen": request.GET.get("seen", run.status),
+            # the status the page was loaded with; anything else would put words of the
+            # link's author on the page ("it was <their text> when this page was loaded")
+            "seen": seen if (seen := request.GET.get("seen")) in Run.Status.values
+            else run.status,
             "header_url": reverse("dashboard:run_header", args=[tenant, run.id])}
 
 
