@@ -85,3 +85,12 @@ def test_the_header_does_not_echo_a_links_words_as_the_runs_earlier_status(acme)
         assert "run-changed" not in body  # the run is as it was: nothing to say
     changed = client.get(f"/t/acme/runs/{run.id}/header", {"seen": "running"}).content.decode()
     assert "it was running when this page was loaded" in changed
+
+
+def test_the_session_logs_step_filter_with_a_nul_is_no_step_not_a_500(acme):
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "event", "kind": "k.nul", "key": "n"}).id)
+    client = signed_in(person(acme, "viewer"))
+    response = client.get(f"/t/acme/runs/{run.id}", {"log": "step", "step": "ask\x00"})
+    assert response.status_code == 200
+    assert "run_created" in response.content.decode()  # no step chosen: every event is shown

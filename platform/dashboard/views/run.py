@@ -161,6 +161,8 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
     show = request.GET.get("log", "all")
     show = show if show in LOG_SHOWS else "all"
     step = request.GET.get("step", "")
+    if "\x00" in step:  # no step is named so, and PostgreSQL cannot compare jsonb with it (a 500)
+        step = ""
     events = run_event_list(run_id=run.id).order_by("id")
     logged = event_filter(events, show=show, step=step,
                           visits_of_step={v for v, s in steps_at.items() if s == step})
