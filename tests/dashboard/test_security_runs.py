@@ -2,6 +2,7 @@
 a regression test: what a hostile tenant member, another tenant, or hostile data fed through a
 run tried, and that it now gets a clear answer instead of a 500, markup, or access."""
 
+import json
 import uuid
 
 import pytest
@@ -94,3 +95,37 @@ def test_the_session_logs_step_filter_with_a_nul_is_no_step_not_a_500(acme):
     response = client.get(f"/t/acme/runs/{run.id}", {"log": "step", "step": "ask\x00"})
     assert response.status_code == 200
     assert "run_created" in response.content.decode()  # no step chosen: every event is shown
+
+
+def _over_the_state_limit(settings) -> str:
+    """A JSON object that parses and is stored fine, but merged into a run's state is over
+    RUN_STATE_MAX_BYTES (the request itself stays under the upload limit)."""
+    settings.RUN_STATE_MAX_BYTES = 20_000
+    return json.dumps({"blob": "x" * 30_000})
+
+
+def test_an_edited_artifact_too_large_for_the_runs_state_is_a_message_not_a_500(acme, settings):
+    big = _over_the_state_limit(settings)
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "approval"}).id)
+        approval = Approval.objects.get(run=run, status=Approval.Status.PENDING)
+    client = signed_in(person(acme, "approver"))
+    response = client.post(f"/t/acme/approvals/{approval.id}", {
+        "decision": "approve_edited", "artifact": big})
+    assert response.status_code == 409 and _said(response, "limit")
+    with tenant_context(acme):
+        assert Approval.objects.get(id=approval.id).status == Approval.Status.PENDING
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING
+
+
+def test_an_event_payload_too_large_for_the_runs_state_is_a_message_not_a_500(acme, settings):
+    big = _over_the_state_limit(settings)
+    key = uuid.uuid4().hex
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "event", "kind": "k.big", "key": key}).id)
+    client = signed_in(person(acme, "operator"))
+    response = client.post(f"/t/acme/runs/{run.id}/event", {"payload": big}, follow=True)
+    assert _said(response, "limit")
+    with tenant_context(acme):
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING
+        assert not InboundEvent.objects.filter(kind="k.big", key=key).exists()
