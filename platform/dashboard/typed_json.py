@@ -2,7 +2,11 @@
 artifact), read by the API's rules (agentplatform.parsers): no NaN or Infinity, no number too
 large for a double, no U+0000 or lone surrogate in a string (PostgreSQL cannot store them: a
 500 at the insert), and no nesting deeper than API_JSON_MAX_DEPTH (Python's parser recurses:
-a RecursionError, a 500). What it refuses is a ValidationError in words, shown by the field."""
+a RecursionError, a 500). What it refuses is a ValidationError in words, shown by the field.
+
+And JSON a page shows (`json_shown`): what a run stored may nest deeper than the API takes (a
+step passes a model's output on), deep enough that json.dumps, called inside the template's
+own stack, recurses past the interpreter's limit; such a value is shown as a sentence."""
 
 import json
 from typing import Any
@@ -38,3 +42,15 @@ def json_typed(text: str) -> Any:
 
 def _too_deep() -> str:
     return f"The JSON is nested deeper than {settings.API_JSON_MAX_DEPTH} levels."
+
+
+TOO_DEEP_TO_SHOW = "(nested too deeply to show)"
+
+
+def json_shown(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
+    """`value` as JSON text for a page, or TOO_DEEP_TO_SHOW (never a RecursionError)."""
+    try:
+        return json.dumps(value, indent=indent, sort_keys=sort_keys, default=str,
+                          ensure_ascii=False)
+    except RecursionError:
+        return TOO_DEEP_TO_SHOW

@@ -129,3 +129,31 @@ def test_an_event_payload_too_large_for_the_runs_state_is_a_message_not_a_500(ac
     with tenant_context(acme):
         assert Run.objects.get(id=run.id).status == Run.Status.WAITING
         assert not InboundEvent.objects.filter(kind="k.big", key=key).exists()
+
+
+def _nested(depth: int) -> dict:
+    """{"a": {"a": ...}}, `depth` deep: a step can store this (it passes the model's output on)
+    although the API would not take it."""
+    value: dict = {}
+    inner = value
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]
+    return value
+
+
+def test_one_deeply_nested_artifact_does_not_take_down_the_whole_inbox(acme):
+    """The inbox shows every pending approval's artifact (compact JSON past four levels, and
+    raw): an artifact 900 levels deep made json.dumps recurse past the interpreter's limit while
+    the template rendered it, a 500 for every person of the tenant until it was decided."""
+    with tenant_context(acme):
+        plain = finished(start("waiter", input={"how": "approval"}).id)
+        hostile = finished(start("waiter", input={"how": "approval"}).id)
+        poisoned = Approval.objects.get(run=hostile, status=Approval.Status.PENDING)
+        Approval.objects.filter(id=poisoned.id).update(
+            request={"title": "Deep", "artifact": _nested(900)})
+    client = signed_in(person(acme, "approver"))
+    inbox = client.get("/t/acme/approvals")
+    assert inbox.status_code == 200
+    assert str(plain.id)[:8] in inbox.content.decode()  # the other approvals are still there
+    assert "nested too deeply to show" in inbox.content.decode()

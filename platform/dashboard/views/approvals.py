@@ -7,7 +7,6 @@ names deciders, one of their identities (`user:<email>`, the bare email, `role:<
 is among them. Roles are not a ladder here either: `role:approver` admits approvers only.
 """
 
-import json
 from uuid import UUID
 
 from django import forms
@@ -25,7 +24,7 @@ from runs.approvals.services import approval_decide
 from tenants.roles import APPROVALS_DECIDE, READ
 
 from ..access import tenant_page
-from ..typed_json import json_typed
+from ..typed_json import json_shown, json_typed
 
 PAGE = 50
 SHOWS = {"pending": "Pending", "decided": "Decided"}
@@ -150,8 +149,8 @@ def approval(request, tenant, approval_id: UUID):
         else:
             status = 400
     if form is None:
-        form = DecisionForm(editable=item["editable"], initial={"artifact": json.dumps(
-            item["artifact"], indent=2, ensure_ascii=False)})
+        form = DecisionForm(editable=item["editable"], initial={"artifact": json_shown(
+            item["artifact"], indent=2)})
     return render(request, "dashboard/approvals/detail.html", {
         "section": "approvals", "item": item, "form": form, "tenant": tenant,
         "now": timezone.now()}, status=status)

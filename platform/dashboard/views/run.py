@@ -6,7 +6,6 @@ role may take: cancel, re-queue, migrate, fork, and sending the event the run wa
 Reads come from runs.selectors (and the dashboard's situation/timeline readers built on the
 models), writes from runs.services and runs.approvals.services, as the API's do."""
 
-import json
 from collections import Counter
 
 from django import forms
@@ -32,7 +31,7 @@ from ..diffs import json_diff
 from ..pictures import PictureError, steps_svg
 from ..situation import event_filter, situation_of
 from ..timeline import duration, timeline_of, timeline_svg
-from ..typed_json import json_typed
+from ..typed_json import json_shown, json_typed
 
 LOG_SHOWS = {"all": "All events", "failures": "Failures only", "waits": "Waits only",
              "step": "One step"}
@@ -147,8 +146,12 @@ def _diff(request, run: Run, visits: list[int]) -> dict:
     before = services.checkpoint_state(run_id=run.id, visit=a)
     after = services.checkpoint_state(run_id=run.id, visit=b)
     pick = ("step", "state", "logs")
-    return {"diff_a": a, "diff_b": b, "diff": json_diff({k: before[k] for k in pick},
-                                                      {k: after[k] for k in pick})}
+    try:
+        diff = json_diff({k: before[k] for k in pick}, {k: after[k] for k in pick})
+    except RecursionError:  # json_diff recurses per level; a stored state may nest very deep
+        return {"diff_error": "These states are nested too deeply to compare here.",
+                "diff_a": a, "diff_b": b}
+    return {"diff_a": a, "diff_b": b, "diff": diff}
 
 
 def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, status: int = 200):
@@ -216,8 +219,8 @@ def run_checkpoint(request, tenant, run_id, visit):
     except ServiceError:
         raise Http404("No such checkpoint.") from None
     context = {"tenant": tenant, "run": run, "cp": state, "section": "runs",
-               "state_json": json.dumps(state["state"], indent=2, default=str, ensure_ascii=False),
-               "logs_json": json.dumps(state["logs"], indent=2, default=str, ensure_ascii=False)}
+               "state_json": json_shown(state["state"], indent=2),
+               "logs_json": json_shown(state["logs"], indent=2)}
     template = "dashboard/run/checkpoint_state.html" if request.htmx else \
         "dashboard/run/checkpoint_page.html"
     return render(request, template, context)
