@@ -8,6 +8,7 @@ import uuid
 import pytest
 from django_tenants.utils import tenant_context
 
+from dashboard.views import run as run_views
 from runs.approvals.models import Approval, InboundEvent
 from runs.models import Run
 from tests.support.runs import finished, start
@@ -157,3 +158,19 @@ def test_one_deeply_nested_artifact_does_not_take_down_the_whole_inbox(acme):
     assert inbox.status_code == 200
     assert str(plain.id)[:8] in inbox.content.decode()  # the other approvals are still there
     assert "nested too deeply to show" in inbox.content.decode()
+
+
+def test_comparing_two_deeply_nested_states_is_a_message_not_a_500(acme, monkeypatch):
+    """json_diff recurses once per level: two states nested past the interpreter's limit (as a
+    step may store them) answered the diff with a RecursionError."""
+    with tenant_context(acme):
+        run = finished(start("waiter", input={"how": "approval"}).id)
+
+    def deep_state(*, run_id, visit):
+        return {"visit": visit, "step": "ask", "state": _nested(3000 + visit), "logs": {}}
+
+    monkeypatch.setattr(run_views.services, "checkpoint_state", deep_state)
+    client = signed_in(person(acme, "viewer"))
+    response = client.get(f"/t/acme/runs/{run.id}", {"a": 0, "b": 1})
+    assert response.status_code == 200
+    assert _said(response, "nested too deeply to compare")
