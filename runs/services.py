@@ -419,15 +419,20 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
     """Wake a parked run: in the caller's transaction, write the checkpoint it resumes from
     (the chosen next step, and what it waited for merged into its state), put it in line.
 
-    Returns False if the run is not parked at `visit` any more (a stale wake-up)."""
+    Returns False if the run is not parked at `visit` any more (a stale wake-up). What it
+    waited for, too large for its state, is state_too_large (nothing is written)."""
     run = Run.objects.select_for_update().filter(id=run_id).first()
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
     if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
         return False
     if step is not None or update:  # marked as a wake-up's: a fork here waits again instead
+        try:
+            state = state_merge(parked.state, update)
+        except StateTooLarge as exc:  # a decision's artifact or an event's payload: refused
+            raise RunError("state_too_large", f"The run cannot take this in: {exc}.") from None
         Checkpoint.objects.create(
             run=run, visit=visit + 1, step=step or parked.step,
-            state=state_merge(parked.state, update), log_offsets=parked.log_offsets,
+            state=state, log_offsets=parked.log_offsets,
             agent_version=parked.agent_version, topology_hash=parked.topology_hash,
             waiting={"woken_from": visit},
         )

@@ -6,11 +6,11 @@ count of what was left out. Every key and value is escaped: the artifact is an a
 (and through it, whatever the agent read), so it is text, never markup.
 """
 
-import json
-
 from django import template
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+
+from ..typed_json import json_shown
 
 register = template.Library()
 
@@ -27,7 +27,7 @@ def readable_json(value) -> SafeString:
 @register.filter
 def pretty_json(value) -> str:
     """Indented JSON (for the raw view and the editor); escaped by the template as usual."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    return json_shown(value, indent=2)
 
 
 def _render(value, depth: int) -> SafeString:
@@ -52,7 +52,7 @@ def _scalar(value) -> SafeString:
 
 def _too_deep(value) -> SafeString:
     return format_html('<code class="json-deep">{}</code>',
-                       json.dumps(value, ensure_ascii=False, default=str)[:2000])
+                       json_shown(value)[:2000])
 
 
 def _more(left_out: int) -> SafeString:

@@ -1,9 +1,9 @@
 """Template filters of the Run page: times as <time> elements, JSON shown readably."""
 
-import json
-
 from django import template
 from django.utils.html import format_html
+
+from ..typed_json import json_shown
 
 register = template.Library()
 
@@ -19,12 +19,12 @@ def at(value):
 
 @register.filter
 def pretty_json(value) -> str:
-    return json.dumps(value, indent=2, default=str, ensure_ascii=False, sort_keys=True)
+    return json_shown(value, indent=2, sort_keys=True)
 
 
 @register.filter
 def json_line(value, limit: int = 120) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    text = json_shown(value)
     return text if len(text) <= limit else text[: limit - 2] + " …"
 
 

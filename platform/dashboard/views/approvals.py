@@ -7,7 +7,6 @@ names deciders, one of their identities (`user:<email>`, the bare email, `role:<
 is among them. Roles are not a ladder here either: `role:approver` admits approvers only.
 """
 
-import json
 from uuid import UUID
 
 from django import forms
@@ -25,6 +24,7 @@ from runs.approvals.services import approval_decide
 from tenants.roles import APPROVALS_DECIDE, READ
 
 from ..access import tenant_page
+from ..typed_json import json_shown, json_typed
 
 PAGE = 50
 SHOWS = {"pending": "Pending", "decided": "Decided"}
@@ -58,10 +58,9 @@ class DecisionForm(forms.Form):
         if not self.editable:
             raise forms.ValidationError("This approval has no artifact to edit.")
         try:
-            edited = json.loads(data.get("artifact") or "")
-        except json.JSONDecodeError as exc:
-            self.add_error("artifact", f"Not valid JSON: {exc.msg} (line {exc.lineno}, "
-                                       f"column {exc.colno}). Nothing was decided.")
+            edited = json_typed(data.get("artifact") or "")
+        except forms.ValidationError as exc:
+            self.add_error("artifact", f"{exc.messages[0]} Nothing was decided.")
             return data
         if edited is None:  # the service reads None as "the artifact as requested"
             self.add_error("artifact", "The edited artifact cannot be null.")
@@ -150,8 +149,8 @@ def approval(request, tenant, approval_id: UUID):
         else:
             status = 400
     if form is None:
-        form = DecisionForm(editable=item["editable"], initial={"artifact": json.dumps(
-            item["artifact"], indent=2, ensure_ascii=False)})
+        form = DecisionForm(editable=item["editable"], initial={"artifact": json_shown(
+            item["artifact"], indent=2)})
     return render(request, "dashboard/approvals/detail.html", {
         "section": "approvals", "item": item, "form": form, "tenant": tenant,
         "now": timezone.now()}, status=status)

@@ -6,7 +6,6 @@ role may take: cancel, re-queue, migrate, fork, and sending the event the run wa
 Reads come from runs.selectors (and the dashboard's situation/timeline readers built on the
 models), writes from runs.services and runs.approvals.services, as the API's do."""
 
-import json
 from collections import Counter
 
 from django import forms
@@ -32,6 +31,7 @@ from ..diffs import json_diff
 from ..pictures import PictureError, steps_svg
 from ..situation import event_filter, situation_of
 from ..timeline import duration, timeline_of, timeline_svg
+from ..typed_json import json_shown, json_typed
 
 LOG_SHOWS = {"all": "All events", "failures": "Failures only", "waits": "Waits only",
              "step": "One step"}
@@ -47,11 +47,7 @@ class EventForm(forms.Form):
 
     def clean_payload(self):
         text = self.cleaned_data["payload"].strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, "
-                                        f"column {exc.colno}).") from None
+        value = json_typed(text)
         if not isinstance(value, dict):
             raise forms.ValidationError("The payload must be a JSON object ({...}).")
         return value
@@ -78,7 +74,10 @@ def _header_context(request, tenant, run: Run) -> dict:
         not approval.deciders or bool(set(member.identities) & set(approval.deciders)))
     return {"tenant": tenant, "run": run, "s": situation, "live": not run.is_finished,
             "you_decide": you_decide,
-            "seen": request.GET.get("seen", run.status),
+            # the status the page was loaded with; anything else would put words of the
+            # link's author on the page ("it was <their text> when this page was loaded")
+            "seen": seen if (seen := request.GET.get("seen")) in Run.Status.values
+            else run.status,
             "header_url": reverse("dashboard:run_header", args=[tenant, run.id])}
 
 
@@ -147,8 +146,12 @@ def _diff(request, run: Run, visits: list[int]) -> dict:
     before = services.checkpoint_state(run_id=run.id, visit=a)
     after = services.checkpoint_state(run_id=run.id, visit=b)
     pick = ("step", "state", "logs")
-    return {"diff_a": a, "diff_b": b, "diff": json_diff({k: before[k] for k in pick},
-                                                      {k: after[k] for k in pick})}
+    try:
+        diff = json_diff({k: before[k] for k in pick}, {k: after[k] for k in pick})
+    except RecursionError:  # json_diff recurses per level; a stored state may nest very deep
+        return {"diff_error": "These states are nested too deeply to compare here.",
+                "diff_a": a, "diff_b": b}
+    return {"diff_a": a, "diff_b": b, "diff": diff}
 
 
 def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, status: int = 200):
@@ -161,6 +164,8 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
     show = request.GET.get("log", "all")
     show = show if show in LOG_SHOWS else "all"
     step = request.GET.get("step", "")
+    if "\x00" in step:  # no step is named so, and PostgreSQL cannot compare jsonb with it (a 500)
+        step = ""
     events = run_event_list(run_id=run.id).order_by("id")
     logged = event_filter(events, show=show, step=step,
                           visits_of_step={v for v, s in steps_at.items() if s == step})
@@ -214,8 +219,8 @@ def run_checkpoint(request, tenant, run_id, visit):
     except ServiceError:
         raise Http404("No such checkpoint.") from None
     context = {"tenant": tenant, "run": run, "cp": state, "section": "runs",
-               "state_json": json.dumps(state["state"], indent=2, default=str, ensure_ascii=False),
-               "logs_json": json.dumps(state["logs"], indent=2, default=str, ensure_ascii=False)}
+               "state_json": json_shown(state["state"], indent=2),
+               "logs_json": json_shown(state["logs"], indent=2)}
     template = "dashboard/run/checkpoint_state.html" if request.htmx else \
         "dashboard/run/checkpoint_page.html"
     return render(request, template, context)

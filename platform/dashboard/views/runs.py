@@ -21,6 +21,7 @@ from runs.selectors import WAITING_FOR, run_list, run_or_404
 from tenants.roles import RUNS_WRITE
 
 from ..access import tenant_page
+from ..typed_json import json_typed
 
 PAGE = 50
 MAX_PAGE = 200  # offset paging: deep pages cost a scan; narrow the filters instead
@@ -206,11 +207,7 @@ class StartRunForm(forms.Form):
         text = self.cleaned_data["input"].strip()
         if not text:
             return {}
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column "
-                                  f"{exc.colno}).") from None
+        value = json_typed(text)
         if not isinstance(value, dict):
             raise ValidationError("The input must be a JSON object ({…}).")
         return value
