@@ -6,6 +6,7 @@ nothing and writes nothing."""
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import Q
 
 from runs.approvals.models import Approval, EventGate
@@ -115,7 +116,8 @@ def wait_of(run: Run, latest: Checkpoint | None) -> Wait | None:
         for status in branches.values_list("status", flat=True):
             counts[status] = counts.get(status, 0) + 1
         return Wait("fan_out", reason, branches=counts, then=latest.step or "")
-    wakeup = Wakeup.objects.filter(run_id=run.id, visit=visit).first() if visit is not None else None
+    wakeup = (Wakeup.objects.filter(schema_name=connection.schema_name, run_id=run.id, visit=visit)
+              .first() if visit is not None else None)  # the public table: this tenant's only
     if wakeup is not None:
         return Wait("timer", reason, due_at=wakeup.due_at, then=latest.step or "")
     return Wait("person", reason, then=latest.step if latest and latest.step else "")
