@@ -69,6 +69,7 @@ def test_a_person_of_two_tenants_picks_one_and_switches(open_page, acme, globex)
     expect(page.get_by_role("heading", level=1, name="Your tenants")).to_be_visible()
     page.get_by_role("link", name="globex").click()
     expect(page).to_have_url(re.compile(r"/t/globex/runs$"))
+    page.wait_for_load_state("load")  # the URL changes before dashboard.js (deferred) listens
     page.get_by_label("Tenant").select_option("acme")  # dashboard.js submits the switcher
     expect(page).to_have_url(re.compile(r"/t/acme/runs$"))
 
