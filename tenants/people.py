@@ -36,6 +36,11 @@ def email_normal(raw: str) -> str:
         validate_email(email)
     except ValidationError:
         raise PeopleError("invalid_email", f"{raw!r} is not an email address.") from None
+    # The email is the account's username: a longer one could be invited but never joined.
+    most = get_user_model()._meta.get_field("username").max_length
+    if len(email) > most:
+        raise PeopleError("invalid_email", f"This email address is too long for an account "
+                                           f"(at most {most} characters).")
     return email
 
 

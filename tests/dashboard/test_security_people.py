@@ -2,11 +2,14 @@
 malformed input that used to answer 500, secrets a browser or proxy could keep, and guessing
 that throttling did not count. Each test names the attack."""
 
+import uuid
 
+from django.core import mail
 from django.test import Client
 from django_tenants.utils import tenant_context
 
 from integrations.selectors import credential_find
+from tenants.models import Invitation
 
 from .conftest import person, signed_in
 
@@ -25,3 +28,22 @@ def test_a_credential_name_with_nul_is_not_found_not_a_500(acme):
     assert client.post("/t/acme/settings/credentials/slack/a%00b/delete").status_code == 404
     with tenant_context(acme):
         assert credential_find(connector="sl\x00ack", label="default") is None
+
+
+def long_email(length: int) -> str:
+    domain = ".".join(["d" * 60] * 4)[: length - 12] + ".test"
+    return f"u{uuid.uuid4().hex[:5]}@{domain}"[:length]
+
+
+def test_an_invitation_to_an_email_too_long_for_an_account_is_refused_inline(acme):
+    """An owner invites an address longer than an account's username can hold (150): over the
+    invitation's column (254) the invite answered 500; under it the invitation was sent and its
+    acceptance answered 500 when the account was created."""
+    client = owner_of(acme)
+    for length in (160, 260):
+        email = long_email(length)
+        response = client.post("/t/acme/members/invite", {"email": email, "role": "viewer"})
+        assert response.status_code == 400, (length, response.status_code)
+        assert b"too long" in response.content
+        assert not Invitation.objects.filter(email=email).exists()
+    assert not mail.outbox
