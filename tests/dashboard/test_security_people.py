@@ -47,3 +47,16 @@ def test_an_invitation_to_an_email_too_long_for_an_account_is_refused_inline(acm
         assert b"too long" in response.content
         assert not Invitation.objects.filter(email=email).exists()
     assert not mail.outbox
+
+
+def test_credential_secrets_nested_too_deep_are_an_inline_error_not_a_500(acme):
+    """An admin pastes JSON nested thousands deep: Python's parser raised RecursionError (500)."""
+    client = owner_of(acme)
+    for secrets in ("[" * 5000 + "]" * 5000, '{"token": ' + "[" * 3000 + "]" * 3000 + "}"):
+        response = client.post("/t/acme/settings/credentials",
+                               {"connector": "slack", "label": "deep", "secrets": secrets})
+        assert response.status_code == 400
+        assert b"nested deeper" in response.content
+    with tenant_context(acme):
+        assert credential_find(connector="slack", label="deep") is None
+

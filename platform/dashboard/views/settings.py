@@ -21,6 +21,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from agentplatform.errors import ServiceError
+from agentplatform.parsers import json_shape
 from integrations.connectors import connector_get
 from integrations.connectors.base import BUILTIN
 from integrations.selectors import credential_find, credential_list
@@ -261,9 +262,17 @@ class CredentialForm(forms.Form):
             value = json.loads(self.cleaned_data["secrets"])
         except ValueError as exc:
             raise forms.ValidationError(f"This is not valid JSON: {exc}") from None
+        except RecursionError:  # deeper than Python's parser goes: far over any credential
+            raise forms.ValidationError(self.too_deep()) from None
+        if json_shape(value)[0] > settings.API_JSON_MAX_DEPTH:
+            raise forms.ValidationError(self.too_deep())
         if not isinstance(value, dict) or not value:
             raise forms.ValidationError("The secrets must be a JSON object with at least one field.")
         return value
+
+    @staticmethod
+    def too_deep() -> str:
+        return f"The JSON is nested deeper than {settings.API_JSON_MAX_DEPTH} levels."
 
 
 def _credentials_page(request, form, *, status=200):
