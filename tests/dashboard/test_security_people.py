@@ -60,3 +60,11 @@ def test_credential_secrets_nested_too_deep_are_an_inline_error_not_a_500(acme):
     with tenant_context(acme):
         assert credential_find(connector="slack", label="deep") is None
 
+
+def test_the_two_factor_enrolment_page_is_not_kept_by_browsers_or_proxies(acme):
+    """The enrolment page shows the TOTP secret (and its QR code): whoever reads a cached copy
+    (the browser's history on a shared computer, a caching proxy) holds the second factor."""
+    client = owner_of(acme)
+    response = client.get("/2fa")
+    assert response.status_code == 200 and b'class="secret"' in response.content
+    assert "no-store" in response["Cache-Control"]

@@ -28,6 +28,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from redis.exceptions import RedisError
@@ -221,6 +222,7 @@ def _next_url(request) -> str:
     return reverse("dashboard:home")
 
 
+@never_cache  # the enrolment page shows the TOTP secret: no browser or proxy may keep it
 @login_required
 def otp(request):
     """The second step: a code from the person's confirmed device verifies the session; a
