@@ -2,10 +2,15 @@
 malformed input that used to answer 500, secrets a browser or proxy could keep, and guessing
 that throttling did not count. Each test names the attack."""
 
+import contextlib
+import threading
 import uuid
 
 from django.core import mail
+from django.db import connection
 from django.test import Client
+from django_otp.oath import totp
+from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_tenants.utils import tenant_context
 
 from integrations.selectors import credential_find
@@ -68,3 +73,41 @@ def test_the_two_factor_enrolment_page_is_not_kept_by_browsers_or_proxies(acme):
     response = client.get("/2fa")
     assert response.status_code == 200 and b'class="secret"' in response.content
     assert "no-store" in response["Cache-Control"]
+
+
+def test_wrong_codes_sent_at_once_are_each_held_back_by_the_throttle(acme, monkeypatch):
+    """A guesser with the password sends many codes at the same moment: django-otp counts a
+    failure by reading the device and saving it again, so guesses that read it together all
+    passed the throttle (and a lost count left it at one failure). Each is now checked with
+    the device locked, after the one before it: the first is wrong, the rest wait out its
+    lock. The barrier holds every guess that reaches the code check until all of them have."""
+    user = person(acme, "viewer")
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    signed = signed_in(user)
+    guesses = 4
+    together = threading.Barrier(guesses, timeout=1.5)
+    verify = TOTPDevice.verify_token
+
+    def verify_together(self, token):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait()
+        return verify(self, token)
+
+    monkeypatch.setattr(TOTPDevice, "verify_token", verify_together)
+    code = f"{(totp(device.bin_key) + 500_000) % 10**6:06d}"  # far from the right codes
+    answers = []
+
+    def guess():
+        client = Client()
+        client.cookies = signed.cookies
+        answers.append(client.post("/2fa", {"code": code}).content)
+        connection.close()
+
+    threads = [threading.Thread(target=guess) for _ in range(guesses)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == guesses
+    assert sum(b"That code is not right" in answer for answer in answers) == 1
+    assert sum(b"Too many attempts" in answer for answer in answers) == guesses - 1

@@ -24,6 +24,7 @@ from django.contrib.auth.forms import (
     SetPasswordForm,
 )
 from django.core.cache import cache
+from django.db import transaction
 from django.shortcuts import redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
@@ -202,15 +203,22 @@ def _device_confirmed(user) -> TOTPDevice | None:
 
 def _code_refused(device: TOTPDevice, code: str) -> str | None:
     """None when the code is right; else why not, for the person. verify_token refuses while
-    the device is throttled (each wrong code doubles the wait), so say that first."""
-    allowed, why = device.verify_is_allowed()
-    if not allowed:
-        locked_until = (why or {}).get("locked_until")
-        wait = max(1, int((locked_until - timezone.now()).total_seconds()) + 1) if locked_until else 0
-        return ("Too many attempts with wrong codes: "
-                + (f"wait {wait} seconds, then try again." if wait else "try again later."))
-    if device.verify_token(code):
-        return None
+    the device is throttled (each wrong code doubles the wait), so say that first.
+
+    The device's row is locked for the check: django-otp counts a failure (and the last code
+    used) by reading the device and saving it again, so codes sent at once would all pass the
+    throttle and could replay one another."""
+    with transaction.atomic():
+        TOTPDevice.objects.select_for_update().filter(pk=device.pk).first()
+        device.refresh_from_db()
+        allowed, why = device.verify_is_allowed()
+        if not allowed:
+            locked_until = (why or {}).get("locked_until")
+            wait = max(1, int((locked_until - timezone.now()).total_seconds()) + 1) if locked_until else 0
+            return ("Too many attempts with wrong codes: "
+                    + (f"wait {wait} seconds, then try again." if wait else "try again later."))
+        if device.verify_token(code):
+            return None
     return "That code is not right (or was already used): try the code your app shows now."
 
 
