@@ -8,7 +8,7 @@ import uuid
 
 from django.core import mail
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django_otp.oath import totp
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_tenants.utils import tenant_context
@@ -16,7 +16,7 @@ from django_tenants.utils import tenant_context
 from integrations.selectors import credential_find
 from tenants.models import Invitation
 
-from .conftest import person, signed_in
+from .conftest import PASSWORD, person, signed_in
 
 
 def owner_of(tenant) -> Client:
@@ -111,3 +111,39 @@ def test_wrong_codes_sent_at_once_are_each_held_back_by_the_throttle(acme, monke
     assert len(answers) == guesses
     assert sum(b"That code is not right" in answer for answer in answers) == 1
     assert sum(b"Too many attempts" in answer for answer in answers) == guesses - 1
+
+
+@override_settings(ADMIN_LOGIN_MAX_FAILURES=3, ADMIN_LOGIN_LOCKOUT_SECONDS=120,
+                   ADMIN_LOGIN_USERNAME_MAX_FAILURES=0)
+def test_guessing_the_current_password_on_the_account_page_is_throttled_like_the_login(acme):
+    """Someone holding a signed-in session (a borrowed laptop) but not the password guessed the
+    current password on the account page as fast as they liked: the login's lock never counted
+    those guesses, and the right one changes the password (the account is theirs) and tells
+    them the old one. Wrong current passwords now count as failed logins of that account from
+    that address: past the limit the page refuses even the right one, and so does the login."""
+    user = person(acme, "viewer")
+    client = signed_in(user)
+
+    def change(current: str):
+        return client.post("/account", {"action": "password", "old_password": current,
+                                        "new_password1": "a new passphrase 2",
+                                        "new_password2": "a new passphrase 2"})
+
+    for _ in range(3):
+        assert change("a guess").status_code == 400
+    locked = change(PASSWORD)
+    assert locked.status_code == 429 and b"Too many wrong passwords" in locked.content
+    assert b"incorrectly" not in change("a guess").content  # a guess while locked learns nothing
+    user.refresh_from_db()
+    assert user.check_password(PASSWORD)  # not changed
+    again = Client().post("/login", {"username": user.username, "password": PASSWORD})
+    assert again.status_code == 429
+    mismatch = signed_in(person(acme, "viewer"))  # new passwords that differ are not guesses
+    for _ in range(4):
+        assert mismatch.post("/account", {"action": "password", "old_password": PASSWORD,
+                                          "new_password1": "one passphrase 77",
+                                          "new_password2": "another passphrase 77"}
+                             ).status_code == 400
+    assert b"Too many wrong passwords" not in mismatch.post("/account", {
+        "action": "password", "old_password": PASSWORD, "new_password1": "x",
+        "new_password2": "y"}).content

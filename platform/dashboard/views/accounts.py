@@ -8,6 +8,7 @@ audit log of every tenant the person belongs to: those tenants' owners answer fo
 import base64
 import hashlib
 import logging
+import math
 from urllib.parse import urlencode
 
 import segno
@@ -42,6 +43,7 @@ from tenants.people import (
     invitation_for,
     memberships_of,
 )
+from tenants.throttling import login_failure_record, login_locked_for
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +280,16 @@ def account(request):
     action = request.POST.get("action") if request.method == "POST" else None
     password_form = PasswordChangeForm(request.user, request.POST if action == "password" else None)
     remove_form = CodeForm(request.POST if action == "remove_2fa" else None, prefix="remove")
+    # A wrong current password is a failed login of this account (a borrowed session must not
+    # guess it unthrottled); past the login's limit even the right one is refused here.
+    locked_for = login_locked_for(request, request.user.get_username()) if action == "password" else None
+    if locked_for is not None:
+        password_form = PasswordChangeForm(request.user)  # not checked: its error would answer the guess
+        messages.error(request, f"Too many wrong passwords: wait {math.ceil(locked_for / 60)} "
+                                "minute(s), then try again.")
+        action = None
+    elif action == "password" and "old_password" in password_form.errors:
+        login_failure_record(request, request.user.get_username())
     if action == "password" and password_form.is_valid():
         password_form.save()
         update_session_auth_hash(request, password_form.user)  # stay signed in here
@@ -297,7 +309,7 @@ def account(request):
     return render(request, "dashboard/accounts/account.html", {
         "section": "account", "password_form": password_form, "remove_form": remove_form,
         "device": device, "requiring": requiring,
-    }, status=400 if password_form.errors or remove_form.errors else 200)
+    }, status=429 if locked_for else 400 if password_form.errors or remove_form.errors else 200)
 
 
 urlpatterns = [
