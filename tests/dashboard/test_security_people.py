@@ -3,10 +3,15 @@ malformed input that used to answer 500, secrets a browser or proxy could keep, 
 that throttling did not count. Each test names the attack."""
 
 import contextlib
+import io
+import re
 import threading
 import uuid
+from urllib.parse import urlencode
 
+from django.conf import settings
 from django.core import mail
+from django.core.handlers.wsgi import WSGIHandler
 from django.db import connection
 from django.test import Client, override_settings
 from django_otp.oath import totp
@@ -147,3 +152,32 @@ def test_guessing_the_current_password_on_the_account_page_is_throttled_like_the
     assert b"Too many wrong passwords" not in mismatch.post("/account", {
         "action": "password", "old_password": PASSWORD, "new_password1": "x",
         "new_password2": "y"}).content
+
+
+def test_the_password_reset_answers_before_the_email_is_sent(acme):
+    """Account enumeration by timing: the "check your email" page was the same for every
+    address, but for one with an account it came only after the mail server had taken the
+    email (a few hundred milliseconds over a real network), for an unknown one at once. The
+    email now goes once the answer is written (the WSGI server's close() of the response):
+    here, nothing is sent until the handler's answer is closed."""
+    user = person(acme, "viewer")
+    browser = Client()
+    form = browser.get("/password-reset").content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
+    body = urlencode({"email": user.username, "csrfmiddlewaretoken": token}).encode()
+    environ = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/password-reset", "SCRIPT_NAME": "",
+        "QUERY_STRING": "", "SERVER_NAME": "testserver", "SERVER_PORT": "80",
+        "HTTP_HOST": "testserver", "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "127.0.0.1",
+        "CONTENT_TYPE": "application/x-www-form-urlencoded", "CONTENT_LENGTH": str(len(body)),
+        "HTTP_COOKIE": f"{settings.CSRF_COOKIE_NAME}={browser.cookies[settings.CSRF_COOKIE_NAME].value}",
+        "wsgi.input": io.BytesIO(body), "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO(),
+        "wsgi.multithread": False, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+    }
+    statuses = []
+    answer = WSGIHandler()(environ, lambda status, headers, *_: statuses.append(status))
+    assert statuses == ["302 Found"]
+    assert not [m for m in mail.outbox if user.username in m.to]  # the answer is out first
+    answer.close()
+    assert len([m for m in mail.outbox if user.username in m.to]) == 1

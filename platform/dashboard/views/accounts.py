@@ -26,6 +26,7 @@ from django.contrib.auth.forms import (
 )
 from django.core.cache import cache
 from django.db import transaction
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
@@ -139,8 +140,22 @@ def invite(request, token):
 # -- password reset by email ---------------------------------------------------------------------
 
 class EmailPasswordResetForm(PasswordResetForm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held = []  # the emails save() made, sent by send_held()
+
     def clean_email(self):
         return self.cleaned_data["email"].strip().lower()
+
+    def send_mail(self, *args, **kwargs):
+        # Held, not sent: the answer must not wait for the mail server, or how long it took
+        # would tell the asker that the email has an account (PasswordResetView sends them).
+        self.held.append((args, kwargs))
+
+    def send_held(self) -> None:
+        for args, kwargs in self.held:
+            super().send_mail(*args, **kwargs)  # a mail server that refuses is logged
+        self.held = []
 
     def get_users(self, email):
         # Accounts are keyed by username (the email). Unlike Django's form, an account made
@@ -173,6 +188,27 @@ class PasswordResetView(auth_views.PasswordResetView):
     @property
     def extra_email_context(self):
         return {"base_url": dashboard_url(self.request, "/").rstrip("/")}
+
+    def form_valid(self, form):
+        super().form_valid(form)  # the form holds the email, if any
+        return _RedirectThenSend(self.get_success_url(), form.send_held)
+
+
+class _RedirectThenSend(HttpResponseRedirect):
+    """A redirect that runs `send` in close(), which the WSGI (or ASGI) server calls once it
+    has written the response to the client."""
+
+    def __init__(self, url: str, send):
+        super().__init__(url)
+        self._send = send
+
+    def close(self):
+        try:
+            self._send()
+        except Exception:  # the answer is gone already: a template error is only logged
+            log.exception("password reset email not sent")
+        finally:
+            super().close()
 
 
 class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
