@@ -7,6 +7,7 @@ events, an approval's decided_by, the audit log)."""
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,8 +31,9 @@ class PeopleError(ServiceError):
 
 
 def email_normal(raw: str) -> str:
-    """The one spelling of an email the platform keys accounts by: stripped and lowercased."""
-    email = (raw or "").strip().lower()
+    """The one spelling of an email the platform keys accounts by: NFKC (as the login form reads
+    it: "bob@ａcme.test" is bob@acme.test, where its mail goes), stripped and lowercased."""
+    email = unicodedata.normalize("NFKC", raw or "").strip().lower()
     try:
         validate_email(email)
     except ValidationError:

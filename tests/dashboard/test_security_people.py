@@ -181,3 +181,19 @@ def test_the_password_reset_answers_before_the_email_is_sent(acme):
     assert not [m for m in mail.outbox if user.username in m.to]  # the answer is out first
     answer.close()
     assert len([m for m in mail.outbox if user.username in m.to]) == 1
+
+
+def test_an_invitation_to_a_compatibility_spelling_of_an_email_is_that_email(acme):
+    """An owner invites "bob@ａcme.test" (a fullwidth "ａ"): a valid address, delivered to
+    bob@acme.test (IDNA maps the domain), shown looking the same, yet a different account:
+    already being a member was not noticed, and the account it made could never sign in (the
+    login form reads the email in NFKC, as bob@acme.test). Emails are now read in NFKC too."""
+    member = person(acme, "viewer")
+    local, domain = member.username.split("@")
+    lookalike = f"{local}@\uff41{domain[1:]}" if domain.startswith("a") else None
+    assert lookalike and lookalike != member.username
+    client = owner_of(acme)
+    response = client.post("/t/acme/members/invite", {"email": lookalike, "role": "owner"})
+    assert response.status_code == 400 and b"is already a member" in response.content
+    assert not Invitation.objects.filter(tenant=acme, email__in=[lookalike, member.username],
+                                         accepted_at=None, revoked_at=None).exists()
