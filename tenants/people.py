@@ -79,6 +79,8 @@ def memberships_of(user) -> QuerySet[Membership]:
 def membership_in(user, schema: str) -> Membership | None:
     """The person's membership in an active tenant; None for a tenant that does not exist, is
     not active or does not have them (the dashboard answers all three alike: 404)."""
+    if "\x00" in schema:  # no schema is named so, and PostgreSQL refuses to compare it
+        return None
     return memberships_of(user).filter(tenant__schema_name=schema).first()
 
 

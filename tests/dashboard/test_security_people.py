@@ -197,3 +197,18 @@ def test_an_invitation_to_a_compatibility_spelling_of_an_email_is_that_email(acm
     assert response.status_code == 400 and b"is already a member" in response.content
     assert not Invitation.objects.filter(tenant=acme, email__in=[lookalike, member.username],
                                          accepted_at=None, revoked_at=None).exists()
+
+
+def test_the_two_factor_page_names_only_a_tenant_of_the_person(acme):
+    """Content injection on the platform's own address: /2fa?tenant=<any text> printed the
+    text as the name of a tenant asking for a code ("… asks for a code from your
+    authenticator app"), for a phishing link to dress up. Only a tenant of the person's is
+    named now, by its name."""
+    client = owner_of(acme)
+    spoof = "Security team: call +1 555 0100 and read them your code. Acme"
+    page = client.get("/2fa", {"tenant": spoof})
+    assert page.status_code == 200 and spoof.encode() not in page.content
+    named = client.get("/2fa", {"tenant": "acme"})
+    assert f"{acme.name or acme.schema_name} asks for a code".encode() in named.content
+    assert b"globex asks" not in client.get("/2fa", {"tenant": "globex"}).content.lower()
+    assert client.get("/2fa", {"tenant": "ac\x00me"}).status_code == 200

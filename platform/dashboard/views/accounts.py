@@ -42,6 +42,7 @@ from tenants.people import (
     audit_record,
     invitation_accept,
     invitation_for,
+    membership_in,
     memberships_of,
 )
 from tenants.throttling import login_failure_record, login_locked_for
@@ -294,8 +295,11 @@ def otp(request):
                 _record_for_tenants(request.user, "account.2fa_enabled")
             otp_login(request, device)
             return redirect(next_url)
+    # The tenant that sent the person here, by name: only one of theirs (not any text a link
+    # carries, which would read as the platform's own words).
+    asking = membership_in(request.user, request.GET.get("tenant", ""))
     context = {"form": form, "next": next_url, "enrolling": enrolling,
-               "tenant": request.GET.get("tenant", "")}
+               "tenant": (asking.tenant.name or asking.tenant.schema_name) if asking else ""}
     if enrolling:
         context["qr_svg"] = segno.make(device.config_url, error="m").svg_inline(
             scale=5, title="QR code of the two-factor secret", border=2)
