@@ -19,6 +19,8 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_tenants.utils import tenant_context
 
 from integrations.selectors import credential_find
+from sandboxes.selectors import egress_rules
+from sandboxes.services import egress_clear
 from tenants.models import Invitation
 
 from .conftest import PASSWORD, person, signed_in
@@ -212,3 +214,27 @@ def test_the_two_factor_page_names_only_a_tenant_of_the_person(acme):
     assert f"{acme.name or acme.schema_name} asks for a code".encode() in named.content
     assert b"globex asks" not in client.get("/2fa", {"tenant": "globex"}).content.lower()
     assert client.get("/2fa", {"tenant": "ac\x00me"}).status_code == 200
+
+
+def test_the_egress_page_does_not_open_the_platforms_own_network_to_a_tenant(acme):
+    """A tenant's admin allowed 127.0.0.1:5432 (or the cloud's metadata address, or a private
+    10.x one) on the egress page: the proxy that tunnels a sandbox's connections runs on the
+    worker's host and connects to a literally named IP even when it is not public, so the
+    tenant's code reached the platform's own PostgreSQL, Redis and network. A person of a
+    tenant may now allow only public addresses (and names, which the proxy checks when it
+    resolves them); nothing of a refused list is added."""
+    with tenant_context(acme):
+        egress_clear()
+    client = signed_in(person(acme, "admin"))
+    for host in ("127.0.0.1:5432", "169.254.169.254", "10.1.2.3:5000", "[::1]:6379",
+                 "[::ffff:127.0.0.1]:6379", "0.0.0.0:80"):
+        response = client.post("/t/acme/settings/egress", {"hosts": f"api.example.com\n{host}"})
+        assert response.status_code == 400, host
+        assert b"not a public address" in response.content
+    with tenant_context(acme):
+        assert not [str(rule) for rule in egress_rules()]
+    allowed = client.post("/t/acme/settings/egress", {"hosts": "93.184.216.34:443"})
+    assert allowed.status_code == 302
+    with tenant_context(acme):
+        assert [str(rule) for rule in egress_rules()] == ["93.184.216.34:443"]
+        egress_clear()
