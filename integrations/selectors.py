@@ -14,6 +14,8 @@ def credential_list() -> QuerySet[Credential]:
 
 
 def credential_find(*, connector: str, label: str) -> Credential | None:
+    if "\x00" in connector or "\x00" in label:  # never stored, and PostgreSQL refuses to compare it
+        return None
     return Credential.objects.filter(connector=connector, label=label).first()
 
 

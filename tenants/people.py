@@ -7,6 +7,7 @@ events, an approval's decided_by, the audit log)."""
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,12 +31,18 @@ class PeopleError(ServiceError):
 
 
 def email_normal(raw: str) -> str:
-    """The one spelling of an email the platform keys accounts by: stripped and lowercased."""
-    email = (raw or "").strip().lower()
+    """The one spelling of an email the platform keys accounts by: NFKC (as the login form reads
+    it: "bob@ａcme.test" is bob@acme.test, where its mail goes), stripped and lowercased."""
+    email = unicodedata.normalize("NFKC", raw or "").strip().lower()
     try:
         validate_email(email)
     except ValidationError:
         raise PeopleError("invalid_email", f"{raw!r} is not an email address.") from None
+    # The email is the account's username: a longer one could be invited but never joined.
+    most = get_user_model()._meta.get_field("username").max_length
+    if len(email) > most:
+        raise PeopleError("invalid_email", f"This email address is too long for an account "
+                                           f"(at most {most} characters).")
     return email
 
 
@@ -72,6 +79,8 @@ def memberships_of(user) -> QuerySet[Membership]:
 def membership_in(user, schema: str) -> Membership | None:
     """The person's membership in an active tenant; None for a tenant that does not exist, is
     not active or does not have them (the dashboard answers all three alike: 404)."""
+    if "\x00" in schema:  # no schema is named so, and PostgreSQL refuses to compare it
+        return None
     return memberships_of(user).filter(tenant__schema_name=schema).first()
 
 

@@ -148,6 +148,47 @@ def admin_login_username_failures_key(username: str) -> str:
     return f"admin-login-failures:any:{_username_digest(username)}"
 
 
+def _login_limits(request, username: str) -> list[tuple[str, int, int]]:
+    """(cache key, most failures, lockout seconds) of each count a failed login of `username`
+    from this client adds to: the address's and the username's from anywhere."""
+    return [(admin_login_failures_key(client_address(request), username),
+             settings.ADMIN_LOGIN_MAX_FAILURES, settings.ADMIN_LOGIN_LOCKOUT_SECONDS),
+            (admin_login_username_failures_key(username),
+             settings.ADMIN_LOGIN_USERNAME_MAX_FAILURES, settings.ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS)]
+
+
+def login_locked_for(request, username: str) -> int | None:
+    """Seconds until `username` may try a password again from this client; None: now (or the
+    cache is out of reach: a person is let through)."""
+    limits = _login_limits(request, username)
+    try:
+        counts = cache.get_many([key for key, _, _ in limits])
+        for key, most, lockout in limits:
+            if most and (counts.get(key) or 0) >= most:
+                since = cache.get(f"{key}:since") or time.time()
+                return max(1, math.ceil(since + lockout - time.time()))
+    except RedisError as exc:
+        log.warning("admin login throttle: cache unavailable: %s", exc)
+    return None
+
+
+def login_failure_record(request, username: str) -> None:
+    """Count a wrong password for `username` from this client (the login forms' and the account
+    page's): each count's window starts at its first failure."""
+    try:
+        for key, most, lockout in _login_limits(request, username):
+            if not most:
+                continue
+            try:
+                cache.add(f"{key}:since", time.time(), timeout=lockout)
+                cache.add(key, 0, timeout=lockout)
+                cache.incr(key)  # atomic in Redis: parallel guesses are all counted
+            except ValueError:
+                pass  # the count expired between add and incr: no new window
+    except RedisError as exc:
+        log.warning("admin login throttle: cache unavailable: %s", exc)
+
+
 class AdminLoginThrottleMiddleware:
     """Two counts of failed admin logins, each locking the login with 429 (Retry-After), even to
     the right password, until its window (from the first failure counted) ends:
@@ -160,15 +201,11 @@ class AdminLoginThrottleMiddleware:
       (docs/decisions/0015). 0 turns it off.
 
     The username is counted as the login form reads it (admin_login_username). A successful
-    login clears the address's count (the username's is left to expire)."""
+    login clears the address's count (the username's is left to expire). The dashboard's
+    account page counts wrong current passwords in the same counts (login_failure_record)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
-
-    def _limits(self):
-        return [(settings.ADMIN_LOGIN_MAX_FAILURES, settings.ADMIN_LOGIN_LOCKOUT_SECONDS),
-                (settings.ADMIN_LOGIN_USERNAME_MAX_FAILURES,
-                 settings.ADMIN_LOGIN_USERNAME_LOCKOUT_SECONDS)]
 
     @staticmethod
     def _refusal(request, wait: int) -> HttpResponse:
@@ -183,36 +220,19 @@ class AdminLoginThrottleMiddleware:
                                                             reverse("dashboard:login")):
             return self.get_response(request)
         username = request.POST.get("username", "")
-        keys = [admin_login_failures_key(client_address(request), username),
-                admin_login_username_failures_key(username)]
-        limits = list(zip(keys, self._limits(), strict=True))
-        failures = 0
-        try:
-            counts = cache.get_many(keys)
-            failures = counts.get(keys[0]) or 0
-            for key, (most, lockout) in limits:
-                if most and (counts.get(key) or 0) >= most:
-                    since = cache.get(f"{key}:since") or time.time()
-                    wait = max(1, math.ceil(since + lockout - time.time()))
-                    response = self._refusal(request, wait)
-                    response["Retry-After"] = str(wait)
-                    return response
-        except RedisError as exc:
-            log.warning("admin login throttle: cache unavailable: %s", exc)
+        address_key = admin_login_failures_key(client_address(request), username)
+        wait = login_locked_for(request, username)
+        if wait is not None:
+            response = self._refusal(request, wait)
+            response["Retry-After"] = str(wait)
+            return response
         response = self.get_response(request)
-        try:
-            if response.status_code == 200:  # the form again: the login failed
-                for key, (most, lockout) in limits:
-                    if not most:
-                        continue
-                    try:
-                        cache.add(f"{key}:since", time.time(), timeout=lockout)
-                        cache.add(key, 0, timeout=lockout)
-                        cache.incr(key)  # atomic in Redis: parallel guesses are all counted
-                    except ValueError:
-                        pass  # the count expired between add and incr: no new window
-            elif failures and 300 <= response.status_code < 400:  # logged in: redirected on
-                cache.delete_many([keys[0], f"{keys[0]}:since"])
-        except RedisError as exc:
-            log.warning("admin login throttle: cache unavailable: %s", exc)
+        if response.status_code == 200:  # the form again: the login failed
+            login_failure_record(request, username)
+        elif 300 <= response.status_code < 400:  # logged in: redirected on
+            try:
+                if cache.get(address_key):
+                    cache.delete_many([address_key, f"{address_key}:since"])
+            except RedisError as exc:
+                log.warning("admin login throttle: cache unavailable: %s", exc)
         return response

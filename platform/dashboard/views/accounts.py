@@ -8,6 +8,7 @@ audit log of every tenant the person belongs to: those tenants' owners answer fo
 import base64
 import hashlib
 import logging
+import math
 from urllib.parse import urlencode
 
 import segno
@@ -24,10 +25,13 @@ from django.contrib.auth.forms import (
     SetPasswordForm,
 )
 from django.core.cache import cache
+from django.db import transaction
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from redis.exceptions import RedisError
@@ -38,8 +42,10 @@ from tenants.people import (
     audit_record,
     invitation_accept,
     invitation_for,
+    membership_in,
     memberships_of,
 )
+from tenants.throttling import login_failure_record, login_locked_for
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +141,22 @@ def invite(request, token):
 # -- password reset by email ---------------------------------------------------------------------
 
 class EmailPasswordResetForm(PasswordResetForm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held = []  # the emails save() made, sent by send_held()
+
     def clean_email(self):
         return self.cleaned_data["email"].strip().lower()
+
+    def send_mail(self, *args, **kwargs):
+        # Held, not sent: the answer must not wait for the mail server, or how long it took
+        # would tell the asker that the email has an account (PasswordResetView sends them).
+        self.held.append((args, kwargs))
+
+    def send_held(self) -> None:
+        for args, kwargs in self.held:
+            super().send_mail(*args, **kwargs)  # a mail server that refuses is logged
+        self.held = []
 
     def get_users(self, email):
         # Accounts are keyed by username (the email). Unlike Django's form, an account made
@@ -170,6 +190,27 @@ class PasswordResetView(auth_views.PasswordResetView):
     def extra_email_context(self):
         return {"base_url": dashboard_url(self.request, "/").rstrip("/")}
 
+    def form_valid(self, form):
+        super().form_valid(form)  # the form holds the email, if any
+        return _RedirectThenSend(self.get_success_url(), form.send_held)
+
+
+class _RedirectThenSend(HttpResponseRedirect):
+    """A redirect that runs `send` in close(), which the WSGI (or ASGI) server calls once it
+    has written the response to the client."""
+
+    def __init__(self, url: str, send):
+        super().__init__(url)
+        self._send = send
+
+    def close(self):
+        try:
+            self._send()
+        except Exception:  # the answer is gone already: a template error is only logged
+            log.exception("password reset email not sent")
+        finally:
+            super().close()
+
 
 class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
     template_name = "dashboard/accounts/password_reset_confirm.html"
@@ -201,15 +242,22 @@ def _device_confirmed(user) -> TOTPDevice | None:
 
 def _code_refused(device: TOTPDevice, code: str) -> str | None:
     """None when the code is right; else why not, for the person. verify_token refuses while
-    the device is throttled (each wrong code doubles the wait), so say that first."""
-    allowed, why = device.verify_is_allowed()
-    if not allowed:
-        locked_until = (why or {}).get("locked_until")
-        wait = max(1, int((locked_until - timezone.now()).total_seconds()) + 1) if locked_until else 0
-        return ("Too many attempts with wrong codes: "
-                + (f"wait {wait} seconds, then try again." if wait else "try again later."))
-    if device.verify_token(code):
-        return None
+    the device is throttled (each wrong code doubles the wait), so say that first.
+
+    The device's row is locked for the check: django-otp counts a failure (and the last code
+    used) by reading the device and saving it again, so codes sent at once would all pass the
+    throttle and could replay one another."""
+    with transaction.atomic():
+        TOTPDevice.objects.select_for_update().filter(pk=device.pk).first()
+        device.refresh_from_db()
+        allowed, why = device.verify_is_allowed()
+        if not allowed:
+            locked_until = (why or {}).get("locked_until")
+            wait = max(1, int((locked_until - timezone.now()).total_seconds()) + 1) if locked_until else 0
+            return ("Too many attempts with wrong codes: "
+                    + (f"wait {wait} seconds, then try again." if wait else "try again later."))
+        if device.verify_token(code):
+            return None
     return "That code is not right (or was already used): try the code your app shows now."
 
 
@@ -221,6 +269,7 @@ def _next_url(request) -> str:
     return reverse("dashboard:home")
 
 
+@never_cache  # the enrolment page shows the TOTP secret: no browser or proxy may keep it
 @login_required
 def otp(request):
     """The second step: a code from the person's confirmed device verifies the session; a
@@ -246,8 +295,11 @@ def otp(request):
                 _record_for_tenants(request.user, "account.2fa_enabled")
             otp_login(request, device)
             return redirect(next_url)
+    # The tenant that sent the person here, by name: only one of theirs (not any text a link
+    # carries, which would read as the platform's own words).
+    asking = membership_in(request.user, request.GET.get("tenant", ""))
     context = {"form": form, "next": next_url, "enrolling": enrolling,
-               "tenant": request.GET.get("tenant", "")}
+               "tenant": (asking.tenant.name or asking.tenant.schema_name) if asking else ""}
     if enrolling:
         context["qr_svg"] = segno.make(device.config_url, error="m").svg_inline(
             scale=5, title="QR code of the two-factor secret", border=2)
@@ -268,6 +320,16 @@ def account(request):
     action = request.POST.get("action") if request.method == "POST" else None
     password_form = PasswordChangeForm(request.user, request.POST if action == "password" else None)
     remove_form = CodeForm(request.POST if action == "remove_2fa" else None, prefix="remove")
+    # A wrong current password is a failed login of this account (a borrowed session must not
+    # guess it unthrottled); past the login's limit even the right one is refused here.
+    locked_for = login_locked_for(request, request.user.get_username()) if action == "password" else None
+    if locked_for is not None:
+        password_form = PasswordChangeForm(request.user)  # not checked: its error would answer the guess
+        messages.error(request, f"Too many wrong passwords: wait {math.ceil(locked_for / 60)} "
+                                "minute(s), then try again.")
+        action = None
+    elif action == "password" and "old_password" in password_form.errors:
+        login_failure_record(request, request.user.get_username())
     if action == "password" and password_form.is_valid():
         password_form.save()
         update_session_auth_hash(request, password_form.user)  # stay signed in here
@@ -287,7 +349,7 @@ def account(request):
     return render(request, "dashboard/accounts/account.html", {
         "section": "account", "password_form": password_form, "remove_form": remove_form,
         "device": device, "requiring": requiring,
-    }, status=400 if password_form.errors or remove_form.errors else 200)
+    }, status=429 if locked_for else 400 if password_form.errors or remove_form.errors else 200)
 
 
 urlpatterns = [

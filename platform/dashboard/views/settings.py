@@ -7,6 +7,7 @@ did it (`request.member.actor`). Secrets go in and never come back out: an API k
 is shown once, on the page that answers its creation; a credential's JSON is re-shown only to
 the person who typed it, on the page that reports its error, and never cached."""
 
+import ipaddress
 import json
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -20,7 +21,9 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from agentplatform.addresses import address_refusal
 from agentplatform.errors import ServiceError
+from agentplatform.parsers import json_shape
 from integrations.connectors import connector_get
 from integrations.connectors.base import BUILTIN
 from integrations.selectors import credential_find, credential_list
@@ -36,7 +39,7 @@ from runs.retention.selectors import (
     tenant_retention,
 )
 from runs.retention.services import tenant_retention_clear, tenant_retention_set
-from sandboxes.egress import EgressRuleInvalid
+from sandboxes.egress import EgressRuleInvalid, egress_rule_parse
 from sandboxes.selectors import egress_rules
 from sandboxes.services import egress_allow, egress_clear, egress_remove
 from tenants.models import Scope
@@ -261,9 +264,17 @@ class CredentialForm(forms.Form):
             value = json.loads(self.cleaned_data["secrets"])
         except ValueError as exc:
             raise forms.ValidationError(f"This is not valid JSON: {exc}") from None
+        except RecursionError:  # deeper than Python's parser goes: far over any credential
+            raise forms.ValidationError(self.too_deep()) from None
+        if json_shape(value)[0] > settings.API_JSON_MAX_DEPTH:
+            raise forms.ValidationError(self.too_deep())
         if not isinstance(value, dict) or not value:
             raise forms.ValidationError("The secrets must be a JSON object with at least one field.")
         return value
+
+    @staticmethod
+    def too_deep() -> str:
+        return f"The JSON is nested deeper than {settings.API_JSON_MAX_DEPTH} levels."
 
 
 def _credentials_page(request, form, *, status=200):
@@ -319,13 +330,27 @@ def credential_remove(request, tenant, connector: str, label: str):
 class EgressForm(forms.Form):
     hosts = forms.CharField(
         label="Hosts to allow", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
-        help_text="One a line: api.example.com, *.example.com, api.example.com:8443, 10.1.2.3:5000. "
-                  "Without a port: 80 and 443.")
+        help_text="One a line: api.example.com, *.example.com, api.example.com:8443, or a public IP "
+                  "address with a port. Without a port: 80 and 443.")
 
     def clean_hosts(self):
         hosts = [line.strip() for line in self.cleaned_data["hosts"].splitlines() if line.strip()]
         if not hosts:
             raise forms.ValidationError("Name at least one host.")
+        # The proxy runs on the worker's host and connects to an IP named literally even when it
+        # is not public (sandboxes.egress): from a tenant's page that would open the platform's
+        # own network (its database, Redis, the cloud's metadata) to the tenant's code. Names
+        # are checked by the proxy when it resolves them.
+        for host in hosts:
+            try:
+                rule = egress_rule_parse(host)
+                ipaddress.ip_address(rule.host)
+            except (EgressRuleInvalid, ValueError):
+                continue  # a name, or not a rule at all (the service says why)
+            refused = address_refusal(rule.host)
+            if refused:
+                raise forms.ValidationError(f"{host}: {refused}; a tenant may allow only public "
+                                            "addresses — nothing was added.")
         return hosts
 
 
