@@ -7,6 +7,7 @@ Reads come from runs.selectors (and the dashboard's situation/timeline readers b
 models), writes from runs.services and runs.approvals.services, as the API's do."""
 
 import json
+import uuid
 from collections import Counter
 
 from django import forms
@@ -44,6 +45,10 @@ class EventForm(forms.Form):
         label="Payload (a JSON object)", required=False, initial="{}",
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
         help_text="What the run reads as <code>state.event.payload</code>.")
+    # This form's sending, once: the event's dedupe id (source_id). A double click, a second
+    # tab or a retry after a lost answer sends the same id, and the event is not delivered
+    # again (to the run's next wait for the same key). Missing only in a page older than it.
+    event_id = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
     def clean_payload(self):
         text = self.cleaned_data["payload"].strip() or "{}"
@@ -186,7 +191,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         "children": list(run.children.order_by("created_at")),
         "newer_versions": _newer_versions(run),
         "forkable": [c for c in checkpoints if c.step is not None],
-        "event_form": event_form or EventForm(),
+        "event_form": event_form or EventForm(initial={"event_id": uuid.uuid4()}),
         **_diff(request, run, visits),
     }
     return render(request, "dashboard/run/page.html", context, status=status)
@@ -315,7 +320,13 @@ def run_event(request, tenant, run_id):
     gate = wait.gate
 
     def send():
-        delivery = event_submit(kind=gate.kind, key=gate.key, payload=form.cleaned_data["payload"])
+        event_id = form.cleaned_data["event_id"]
+        delivery = event_submit(kind=gate.kind, key=gate.key, payload=form.cleaned_data["payload"],
+                                source_id=f"dashboard:{event_id}" if event_id else None)
+        if delivery.duplicate:
+            messages.info(request, "This event was already sent from this form: it is not "
+                                   "sent again.")
+            return redirect("dashboard:run", tenant, run.id)
         # The event log records the event, not who sent it: the audit log does.
         audit_record(tenant=request.member.tenant, actor=request.member.actor,
                      action="event.sent", target=f"run:{run.id}", kind=gate.kind, key=gate.key,

@@ -1,0 +1,116 @@
+"""Lost or doubled work from the dashboard's actions: a form sent twice (a double click, two
+tabs, a retry after a lost response) does its work once, and a refusal is never a loop."""
+
+import re
+import threading
+import uuid
+
+from django.db import connection
+from django_tenants.utils import tenant_context
+
+from dashboard.views import run as run_views
+from runs.agents import Agent
+from runs.approvals.models import InboundEvent
+from runs.models import Run
+from runs.transitions import finish, wait_for_event
+from tests.support.runs import finished, start
+
+from .conftest import person, signed_in
+
+# -- an agent that waits twice for the same event (a loop on one correlation key) -------------
+twice = Agent("dash_twice", version=1)
+
+
+@twice.step(start=True, next=["second"])
+def first(ctx, state):
+    return wait_for_event("dash.twice", state["key"], then="second")
+
+
+@twice.step(next=["done"])
+def second(ctx, state):
+    return wait_for_event("dash.twice", state["key"], then="done",
+                          update={"first": state["event"]["payload"]})
+
+
+@twice.step(next=[])
+def done(ctx, state):
+    return finish(state["event"]["payload"])
+
+
+def _event_form(client, run_id) -> dict:
+    """What the page's send-event form posts: its inputs as the page renders them."""
+    body = client.get(f"/t/acme/runs/{run_id}").content.decode()
+    form = body.split('class="send-event">')[1].split("</form>")[0]
+    return {name: value for name, value in
+            re.findall(r'<input[^>]*name="([^"]+)"[^>]*value="([^"]*)"', form)}
+
+
+def _parked_twice(acme):
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    with tenant_context(acme):
+        run = finished(start("dash_twice", input={"key": key}).id)
+        assert run.status == Run.Status.WAITING
+    return run, key
+
+
+def _events(acme, key) -> int:
+    with tenant_context(acme):
+        return InboundEvent.objects.filter(kind="dash.twice", key=key).count()
+
+
+def test_the_event_form_sent_again_after_a_lost_response_is_not_delivered_twice(acme):
+    """The person sends the event; the run wakes and parks again on the same key; the answer
+    never reached the browser, so the same form is sent again. The second wait must not take
+    the retry of the first send."""
+    client = signed_in(person(acme, "operator"))
+    run, key = _parked_twice(acme)
+    form = _event_form(client, run.id)
+    form["payload"] = '{"n": 1}'
+    assert client.post(f"/t/acme/runs/{run.id}/event", form).status_code == 302
+    with tenant_context(acme):
+        run = finished(run.id)  # woken: it waits again, for the same event
+        assert run.status == Run.Status.WAITING and run.checkpoints.count() == 4
+
+    retry = client.post(f"/t/acme/runs/{run.id}/event", form, follow=True)
+    assert "already sent" in retry.content.decode()
+    assert _events(acme, key) == 1
+    with tenant_context(acme):
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING  # still waits
+
+
+def test_the_event_form_sent_from_two_tabs_at_once_is_delivered_once(acme, monkeypatch):
+    """A double click (or two tabs of one page): both requests find the run waiting before
+    either delivers. One event is recorded; the other request is told it was already sent."""
+    operator = person(acme, "operator")
+    clients = [signed_in(operator), signed_in(operator)]
+    run, key = _parked_twice(acme)
+    form = _event_form(clients[0], run.id)
+    form["payload"] = '{"n": 1}'
+    both_checked = threading.Barrier(2, timeout=10)
+    submit = run_views.event_submit
+
+    def submit_after_both_checked(**kwargs):
+        both_checked.wait()
+        return submit(**kwargs)
+
+    monkeypatch.setattr(run_views, "event_submit", submit_after_both_checked)
+    answers = [None, None]
+
+    def send(i):
+        try:
+            answers[i] = clients[i].post(f"/t/acme/runs/{run.id}/event", form, follow=True)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    said = [a.content.decode() for a in answers]
+    assert sum("the run goes on" in s for s in said) == 1, said
+    assert sum("already sent" in s for s in said) == 1
+    assert _events(acme, key) == 1
+    with tenant_context(acme):
+        run = finished(run.id)  # the second wait is not taken by the second click
+        assert run.status == Run.Status.WAITING
