@@ -344,6 +344,8 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
         raise RunError("run_waiting_on_something", "the run waits for an approval or an event: "
                        "decide it, send the event, or cancel the run")
     with transaction.atomic():
+        if _branches_requeue(run_id, by=by):
+            return Run.objects.get(id=run_id)
         updated = Run.objects.filter(
             id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
         ).update(status=Run.Status.QUEUED, lease_owner="", lease_expires_at=None,
@@ -354,6 +356,29 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
         event_record(run_id=run_id, kind="operator_requeued", by=by)
         run_enqueue(run_id)
     return Run.objects.get(id=run_id)
+
+
+def _branches_requeue(run_id: UUID, *, by: str) -> bool:
+    """A run waiting at a fan-out join is re-queued by putting its unfinished branches back in
+    line; the run keeps waiting. (Re-queueing the run itself would run the join at once, its
+    branches unrun and counted as failed.) False when the run is not waiting for branches."""
+    run = Run.objects.select_for_update().filter(id=run_id, status=Run.Status.WAITING).first()
+    parked = run.checkpoints.order_by("-visit").first() if run else None
+    if parked is None or (parked.waiting or {}).get("kind", "fan_out") != "fan_out":
+        return False
+    pending = list(Branch.objects.filter(run=run, visit=parked.visit, status=Branch.Status.PENDING)
+                   .values_list("index", flat=True))
+    if not pending and not Branch.objects.filter(run=run, visit=parked.visit,
+                                                 status=Branch.Status.RUNNING).exists():
+        return False
+    for index in pending:  # a running branch keeps its lease: the watchdog retries it
+        ready_mark(run_id=run.id, branch=index)
+    if run.waiting_reason.startswith("fan_out: branch"):  # a branch was refused
+        Run.objects.filter(id=run.id).update(
+            waiting_reason=f"fan_out: {len(pending)} branches", updated_at=timezone.now())
+    event_record(run_id=run.id, kind="operator_requeued", by=by, branches=pending)
+    transaction.on_commit(dispatch_ready)
+    return True
 
 
 def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:

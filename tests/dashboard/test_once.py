@@ -9,11 +9,13 @@ from django.db import connection
 from django_tenants.utils import tenant_context
 
 from dashboard.views import run as run_views
+from runs import engine
 from runs.agents import Agent
 from runs.approvals.models import InboundEvent
-from runs.models import Run
+from runs.models import Branch, Run
 from runs.transitions import finish, wait_for_event
 from tests.support.runs import finished, start
+from tests.support.waiting import wait_for
 
 from .conftest import person, signed_in
 
@@ -114,3 +116,32 @@ def test_the_event_form_sent_from_two_tabs_at_once_is_delivered_once(acme, monke
     with tenant_context(acme):
         run = finished(run.id)  # the second wait is not taken by the second click
         assert run.status == Run.Status.WAITING
+
+
+# -- re-queue must not run a fan-out's join before its branches -------------------------------
+
+def test_re_queueing_a_run_at_a_fan_out_join_keeps_its_branches(acme):
+    """Re-queue (the run page's and the bulk action) of a run waiting for its fan-out branches
+    ran the join at once: the branches, never run, counted as failed and so did the run."""
+    client = signed_in(person(acme, "operator"))
+    with tenant_context(acme):
+        run = finished(start("fanner", input={"count": 3}).id)
+        assert run.status == Run.Status.WAITING and run.waiting_reason.startswith("fan_out")
+    answer = client.post(f"/t/acme/runs/{run.id}/requeue", follow=True)
+    assert "Put back in line" in answer.content.decode()
+    bulk = client.post("/t/acme/runs/bulk", {"action": "requeue", "run": [str(run.id)],
+                                             "confirm": "1"}, follow=True)
+    assert "1 run re-queued." in bulk.content.decode()
+    with tenant_context(acme):
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING  # for its branches
+        # its branches run (here, or in a worker that another test started), then the join
+        for index in range(3):
+            engine.branch_advance(run_id=run.id, index=index)
+        wait_for(lambda: not Branch.objects.filter(run_id=run.id).exclude(
+            status=Branch.Status.DONE).exists(), timeout=30, what="the branches")
+        finished(run.id)
+        run = wait_for(lambda: Run.objects.filter(id=run.id).exclude(
+            status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).first(), timeout=30,
+            what="the join")
+        assert run.status == Run.Status.SUCCEEDED, run.error
+        assert run.result == {"branches": 3, "total": 0 + 1 + 4}
