@@ -339,11 +339,15 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
     """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
     in line. Its next worker resumes from the last checkpoint."""
 
-    if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
-            EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
-        raise RunError("run_waiting_on_something", "the run waits for an approval or an event: "
-                       "decide it, send the event, or cancel the run")
     with transaction.atomic():
+        # The run's row first: a run parking right now holds it until its approval or gate is
+        # committed, which the check below must see (else the parked run would be queued and
+        # resume after its wait, undecided).
+        Run.objects.select_for_update().filter(id=run_id).first()
+        if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
+                EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
+            raise RunError("run_waiting_on_something", "the run waits for an approval or an "
+                           "event: decide it, send the event, or cancel the run")
         if _branches_requeue(run_id, by=by):
             return Run.objects.get(id=run_id)
         updated = Run.objects.filter(

@@ -11,8 +11,10 @@ from django_tenants.utils import tenant_context
 from dashboard.views import run as run_views
 from runs import engine
 from runs.agents import Agent
-from runs.approvals.models import InboundEvent
+from runs.approvals.models import Approval, InboundEvent
+from runs.engine.ports import ports
 from runs.models import Branch, Run
+from runs.services import RunError, run_requeue
 from runs.transitions import finish, wait_for_event
 from tests.support.runs import finished, start
 from tests.support.waiting import wait_for
@@ -145,3 +147,57 @@ def test_re_queueing_a_run_at_a_fan_out_join_keeps_its_branches(acme):
             what="the join")
         assert run.status == Run.Status.SUCCEEDED, run.error
         assert run.result == {"branches": 3, "total": 0 + 1 + 4}
+
+
+# -- re-queue racing a run that parks for a person -------------------------------------------
+
+def test_re_queue_while_the_run_parks_on_an_approval_leaves_it_waiting(acme, monkeypatch):
+    """A run page shows re-queue for a running run. The person asks just as the run parks on an
+    approval: run_requeue looked for a pending approval before it locked the run, saw none (the
+    parking was not committed yet), then queued the parked run, which would resume at the step
+    after the approval without any decision."""
+    with tenant_context(acme):
+        run = start("waiter", input={"how": "approval"})
+    parking = ports().parking
+    opened, release = threading.Event(), threading.Event()
+    approval_open = parking["approval"]
+
+    def approval_open_then_hold(**kwargs):
+        approval = approval_open(**kwargs)
+        opened.set()  # the parking transaction holds the run's row, not committed yet
+        assert release.wait(timeout=30)
+        return approval
+
+    monkeypatch.setitem(parking, "approval", approval_open_then_hold)
+    outcomes = {}
+
+    def in_acme(name, action):
+        def act():
+            try:
+                with tenant_context(acme):
+                    outcomes[name] = action()
+            except RunError as exc:
+                outcomes[name] = exc.code
+            finally:
+                connection.close()
+        return threading.Thread(target=act)
+
+    parker = in_acme("park", lambda: engine.advance(run_id=run.id))
+    parker.start()
+    assert opened.wait(timeout=30)
+    requeuer = in_acme("requeue", lambda: run_requeue(run_id=run.id, by="user:x"))
+    requeuer.start()
+    with connection.cursor() as cursor:  # the re-queue waits for the parking's row lock
+        def blocked():
+            cursor.execute("SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = "
+                           "l.database WHERE d.datname = current_database() AND NOT l.granted")
+            return cursor.fetchone()[0] > 0
+        wait_for(blocked, timeout=30, what="the re-queue to wait for the run's row")
+    release.set()
+    parker.join(timeout=30)
+    requeuer.join(timeout=30)
+    assert outcomes["park"] == engine.Outcome.PARKED
+    assert outcomes["requeue"] == "run_waiting_on_something"
+    with tenant_context(acme):
+        assert Run.objects.get(id=run.id).status == Run.Status.WAITING
+        assert Approval.objects.filter(run_id=run.id, status=Approval.Status.PENDING).exists()
