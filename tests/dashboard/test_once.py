@@ -6,6 +6,7 @@ import threading
 import uuid
 
 from django.db import connection
+from django.test import Client
 from django_tenants.utils import tenant_context
 
 from dashboard.views import run as run_views
@@ -16,6 +17,10 @@ from runs.engine.ports import ports
 from runs.models import Branch, Run
 from runs.services import RunError, run_requeue
 from runs.transitions import finish, wait_for_event
+from tenants.people import invitations_open
+from tests.support.fakes.fixtures import smtp_server  # noqa: F401  (a fixture)
+from tests.support.fakes.smtp import free_port
+from tests.support.mail import link_in, smtp_to
 from tests.support.runs import finished, start
 from tests.support.waiting import wait_for
 
@@ -201,3 +206,30 @@ def test_re_queue_while_the_run_parks_on_an_approval_leaves_it_waiting(acme, mon
     with tenant_context(acme):
         assert Run.objects.get(id=run.id).status == Run.Status.WAITING
         assert Approval.objects.filter(run_id=run.id, status=Approval.Status.PENDING).exists()
+
+
+# -- inviting again while the mail server is down --------------------------------------------
+
+def test_an_invitation_sent_again_while_mail_is_down_keeps_the_one_already_emailed(
+        acme, smtp_server):  # noqa: F811
+    """Inviting an address again revokes its open invitation; when the new email cannot be
+    sent, the new invitation is revoked too, so the link the person already holds died with
+    a resend (or a second click) that invited nobody."""
+    owner = person(acme, "owner")
+    client = signed_in(owner)
+    email = f"again-{uuid.uuid4().hex[:8]}@invited.test"
+    with smtp_to(smtp_server):
+        assert client.post("/t/acme/members/invite",
+                           {"email": email, "role": "viewer"}).status_code == 302
+    [message] = smtp_server.inbox.by_header("To", email)
+    link = link_in(message)
+
+    class Nowhere:
+        host, port = "127.0.0.1", free_port()  # nothing listens there
+
+    with smtp_to(Nowhere):
+        again = client.post("/t/acme/members/invite", {"email": email, "role": "operator"})
+    assert again.status_code == 400 and b"could not be sent" in again.content
+    [still_open] = [i for i in invitations_open(tenant=acme) if i.email == email]
+    assert still_open.role == "viewer"  # the one emailed, as it was
+    assert b"viewer" in Client().get(link).content  # its link still works
