@@ -5,7 +5,8 @@ import re
 import threading
 import uuid
 
-from django.db import connection
+import pytest
+from django.db import DatabaseError, connection
 from django.test import Client
 from django_tenants.utils import tenant_context
 
@@ -17,6 +18,7 @@ from runs.engine.ports import ports
 from runs.models import Branch, Run
 from runs.services import RunError, run_requeue
 from runs.transitions import finish, wait_for_event
+from tenants.models import AuditEntry
 from tenants.people import invitations_open
 from tests.support.fakes.fixtures import smtp_server  # noqa: F401  (a fixture)
 from tests.support.fakes.smtp import free_port
@@ -233,3 +235,29 @@ def test_an_invitation_sent_again_while_mail_is_down_keeps_the_one_already_email
     [still_open] = [i for i in invitations_open(tenant=acme) if i.email == email]
     assert still_open.role == "viewer"  # the one emailed, as it was
     assert b"viewer" in Client().get(link).content  # its link still works
+
+
+def test_an_event_sent_whose_audit_entry_fails_is_sent_again_by_the_retry(acme, monkeypatch):
+    """The event and its audit entry commit together: when recording who sent it fails (the
+    person sees an error page), nothing was delivered, and sending the form again delivers it
+    once and records who did."""
+    operator = person(acme, "operator")
+    client = signed_in(operator)
+    run, key = _parked_twice(acme)
+    form = _event_form(client, run.id)
+    form["payload"] = '{"n": 1}'
+    record = run_views.audit_record
+
+    def audit_down(**kwargs):
+        raise DatabaseError("the audit log is away")
+
+    monkeypatch.setattr(run_views, "audit_record", audit_down)
+    with pytest.raises(DatabaseError):
+        client.post(f"/t/acme/runs/{run.id}/event", form)
+    monkeypatch.setattr(run_views, "audit_record", record)
+    assert _events(acme, key) == 0
+    retry = client.post(f"/t/acme/runs/{run.id}/event", form, follow=True)
+    assert "the run goes on" in retry.content.decode()
+    assert _events(acme, key) == 1
+    assert AuditEntry.objects.filter(tenant=acme, action="event.sent", target=f"run:{run.id}",
+                                     actor=f"user:{operator.username}").count() == 1

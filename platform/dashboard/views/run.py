@@ -13,11 +13,13 @@ from collections import Counter
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
+from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
 from runs import services
 from runs.agents import UnknownAgent, registry
@@ -319,19 +321,29 @@ def run_event(request, tenant, run_id):
         return _page(request, tenant, run, event_form=form, status=400)
     gate = wait.gate
 
+    @retried_on_conflict  # a deadlock victim runs again, as event_deliver's own would
+    def deliver_and_record():
+        # The event and who sent it commit together: a failure in between leaves neither,
+        # and sending the form again delivers it (its dedupe id was not taken).
+        with transaction.atomic():
+            event_id = form.cleaned_data["event_id"]
+            delivery = event_submit(kind=gate.kind, key=gate.key,
+                                    payload=form.cleaned_data["payload"],
+                                    source_id=f"dashboard:{event_id}" if event_id else None)
+            if not delivery.duplicate:
+                # The event log records the event, not who sent it: the audit log does.
+                audit_record(tenant=request.member.tenant, actor=request.member.actor,
+                             action="event.sent", target=f"run:{run.id}", kind=gate.kind,
+                             key=gate.key, event=delivery.event.id if delivery.event else None,
+                             resumed=[str(r) for r in delivery.resumed])
+        return delivery
+
     def send():
-        event_id = form.cleaned_data["event_id"]
-        delivery = event_submit(kind=gate.kind, key=gate.key, payload=form.cleaned_data["payload"],
-                                source_id=f"dashboard:{event_id}" if event_id else None)
+        delivery = deliver_and_record()
         if delivery.duplicate:
             messages.info(request, "This event was already sent from this form: it is not "
                                    "sent again.")
             return redirect("dashboard:run", tenant, run.id)
-        # The event log records the event, not who sent it: the audit log does.
-        audit_record(tenant=request.member.tenant, actor=request.member.actor,
-                     action="event.sent", target=f"run:{run.id}", kind=gate.kind, key=gate.key,
-                     event=delivery.event.id if delivery.event else None,
-                     resumed=[str(r) for r in delivery.resumed])
         woke = run.id in delivery.resumed
         messages.success(request, f"Sent {gate.kind} for {gate.key}"
                          + (": the run goes on." if woke else "; it woke no run."))
