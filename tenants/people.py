@@ -209,11 +209,13 @@ def invitation_undo(*, tenant: Tenant, invited: Invited, by: str) -> None:
 
 
 def invitation_revoke(*, tenant: Tenant, invitation_id, by: str) -> None:
-    revoked = Invitation.objects.filter(tenant=tenant, id=invitation_id, accepted_at=None,
-                                        revoked_at=None).update(revoked_at=timezone.now())
-    if not revoked:
-        raise PeopleError("not_found", "No such open invitation.")
-    audit_record(tenant=tenant, actor=by, action="invitation.revoked", target=str(invitation_id))
+    with transaction.atomic():  # the change and its audit entry, together
+        revoked = Invitation.objects.filter(tenant=tenant, id=invitation_id, accepted_at=None,
+                                            revoked_at=None).update(revoked_at=timezone.now())
+        if not revoked:
+            raise PeopleError("not_found", "No such open invitation.")
+        audit_record(tenant=tenant, actor=by, action="invitation.revoked",
+                     target=str(invitation_id))
 
 
 def invitations_open(*, tenant: Tenant) -> QuerySet[Invitation]:

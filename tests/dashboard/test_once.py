@@ -18,8 +18,9 @@ from runs.engine.ports import ports
 from runs.models import Branch, Run
 from runs.services import RunError, run_requeue
 from runs.transitions import finish, wait_for_event
+from tenants import people
 from tenants.models import AuditEntry
-from tenants.people import invitations_open
+from tenants.people import invitation_create, invitations_open
 from tests.support.fakes.fixtures import smtp_server  # noqa: F401  (a fixture)
 from tests.support.fakes.smtp import free_port
 from tests.support.mail import link_in, smtp_to
@@ -261,3 +262,19 @@ def test_an_event_sent_whose_audit_entry_fails_is_sent_again_by_the_retry(acme, 
     assert _events(acme, key) == 1
     assert AuditEntry.objects.filter(tenant=acme, action="event.sent", target=f"run:{run.id}",
                                      actor=f"user:{operator.username}").count() == 1
+
+
+def test_an_invitation_revoked_whose_audit_entry_fails_stays_open(acme, monkeypatch):
+    """A revocation and its audit entry commit together, as every other change to members."""
+    owner = person(acme, "owner")
+    invited = invitation_create(tenant=acme, email=f"r-{uuid.uuid4().hex[:8]}@invited.test",
+                                role="viewer", by="test")
+
+    def audit_down(**kwargs):
+        raise DatabaseError("the audit log is away")
+
+    monkeypatch.setattr(people, "audit_record", audit_down)
+    with pytest.raises(DatabaseError):
+        people.invitation_revoke(tenant=acme, invitation_id=invited.invitation.id,
+                                 by=f"user:{owner.username}")
+    assert invited.invitation.id in {i.id for i in invitations_open(tenant=acme)}
