@@ -57,7 +57,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
     if idempotency_key:
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
-            return Started(_same_request(existing, agent, version, input), created=False)
+            return Started(_same_request(existing, agent, version, input, durability),
+                           created=False)
     try:
         definition = registry.get(agent, version)
     except UnknownAgent as exc:
@@ -96,12 +97,16 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        return Started(_same_request(existing, agent, version, input), created=False)
+        return Started(_same_request(existing, agent, version, input, durability),
+                       created=False)
     return Started(run, created=True)
 
 
-def _same_request(run: Run, agent: str, version: int | None, input: dict) -> Run:
-    if run.agent != agent or run.input != input or version not in (None, run.agent_version):
+def _same_request(run: Run, agent: str, version: int | None, input: dict,
+                  durability: str) -> Run:
+    # (its budgets are not compared: a person may have raised them since)
+    if run.agent != agent or run.input != input or version not in (None, run.agent_version) \
+            or run.durability != durability:
         raise RunError(
             "idempotency_key_reused",
             "this Idempotency-Key was used for a different request; use a new key",

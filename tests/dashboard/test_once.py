@@ -11,7 +11,7 @@ from django.test import Client
 from django_tenants.utils import tenant_context
 
 from dashboard.views import run as run_views
-from runs import engine
+from runs import engine, services
 from runs.agents import Agent
 from runs.approvals.models import Approval, InboundEvent
 from runs.engine.ports import ports
@@ -278,3 +278,25 @@ def test_an_invitation_revoked_whose_audit_entry_fails_stays_open(acme, monkeypa
         people.invitation_revoke(tenant=acme, invitation_id=invited.invitation.id,
                                  by=f"user:{owner.username}")
     assert invited.invitation.id in {i.id for i in invitations_open(tenant=acme)}
+
+
+# -- the start form sent again with another durability ---------------------------------------
+
+def test_the_start_form_sent_again_with_another_durability_starts_no_run_silently(acme):
+    """Back, change only the durability, send: the key's first run (sync) was answered as if
+    it were this request, so the person believed an exit-durability run had started."""
+    client = signed_in(person(acme, "operator"))
+    page = client.get("/t/acme/runs/start", {"agent": "research"}).content.decode()
+    key = re.search(r'name="idempotency_key" value="([0-9a-f-]+)"', page)[1]
+    form = {"agent": "research", "version": "", "input": '{"topic": "once"}',
+            "durability": "sync", "idempotency_key": key}
+    assert client.post("/t/acme/runs/start", form).status_code == 302
+    changed = client.post("/t/acme/runs/start", {**form, "durability": "exit"})
+    assert changed.status_code == 200
+    assert "already used to start a run with other values" in changed.content.decode()
+    with tenant_context(acme):
+        assert list(Run.objects.filter(idempotency_key=key).values_list(
+            "durability", flat=True)) == ["sync"]
+        started = Run.objects.get(idempotency_key=key)
+        if not started.is_finished:  # no worker need run it
+            services.run_cancel(run_id=started.id)
