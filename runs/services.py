@@ -189,13 +189,39 @@ def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
 
 
 def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
-             enqueue: bool = True, by: str = "") -> Run:
+             enqueue: bool = True, by: str = "", idempotency_key: str | None = None) -> Run:
     """A new run that starts from checkpoint `visit` of a finished run, which stays untouched.
 
     Where the run parked (or at the checkpoint its wake-up wrote, which holds the answer) the
     fork waits again: a new approval for the same deciders, a new gate, a new timer, a new
     child run; at a fan-out join it gets the branch results. It never inherits a decision.
+
+    A reused idempotency key returns the fork it made (a fork's effects are new: a second one
+    would perform them again), if it was of the same run and visit.
     """
+    if idempotency_key:
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_fork(existing, run_id, visit)
+    try:
+        return _fork(run_id=run_id, visit=visit, durability=durability, enqueue=enqueue, by=by,
+                     idempotency_key=idempotency_key or None)
+    except IntegrityError:  # two requests raced on one key: the first one's fork is the answer
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_fork(existing, run_id, visit)
+
+
+def _same_fork(run: Run, source_id: UUID, visit: int) -> Run:
+    if run.forked_from_id != source_id or run.forked_from_visit != visit:
+        raise RunError("idempotency_key_reused",
+                       "this idempotency key was used for a different request; use a new key")
+    return run
+
+
+def _fork(*, run_id: UUID, visit: int, durability: str | None, enqueue: bool, by: str,
+          idempotency_key: str | None) -> Run:
     source = Run.objects.filter(id=run_id).first()
     if source is None:
         raise RunError("not_found", "no such run")
@@ -222,6 +248,7 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
             input=source.input, max_steps=source.max_steps,
             max_wall_seconds=source.max_wall_seconds, **_budget_as_started(source),
             steps_taken=checkpoint.visit, forked_from=source, forked_from_visit=visit,
+            idempotency_key=idempotency_key,
             status=Run.Status.WAITING if reopens else Run.Status.QUEUED,
             waiting_reason=waiting.get("reason", "") if reopens else "",
         )

@@ -300,3 +300,27 @@ def test_the_start_form_sent_again_with_another_durability_starts_no_run_silentl
         started = Run.objects.get(idempotency_key=key)
         if not started.is_finished:  # no worker need run it
             services.run_cancel(run_id=started.id)
+
+
+# -- the fork form sent twice ----------------------------------------------------------------
+
+def test_the_fork_form_sent_twice_makes_one_fork(acme):
+    """A fork is a new run whose effects are new (new keys): a double click on Fork, or a retry
+    after a lost answer, made two forks, and each would perform the effects again."""
+    with tenant_context(acme):
+        run = finished(start("chatter", input={"steps": 2}).id)
+    client = signed_in(person(acme, "owner"))
+    body = client.get(f"/t/acme/runs/{run.id}").content.decode()
+    fork_form = body.split(f'action="/t/acme/runs/{run.id}/fork"')[1].split("</form>")[0]
+    form = dict(re.findall(r'<input[^>]*name="([^"]+)"[^>]*value="([^"]*)"', fork_form))
+    form["visit"] = "1"
+    first = client.post(f"/t/acme/runs/{run.id}/fork", form)
+    again = client.post(f"/t/acme/runs/{run.id}/fork", form, follow=True)
+    with tenant_context(acme):
+        forks = list(Run.objects.filter(forked_from=run))
+    assert len(forks) == 1
+    assert first["Location"] == f"/t/acme/runs/{forks[0].id}"
+    assert again.redirect_chain[-1][0] == f"/t/acme/runs/{forks[0].id}"
+    assert "already forked" in again.content.decode()
+    with tenant_context(acme):
+        services.run_cancel(run_id=forks[0].id)

@@ -193,6 +193,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         "children": list(run.children.order_by("created_at")),
         "newer_versions": _newer_versions(run),
         "forkable": [c for c in checkpoints if c.step is not None],
+        "fork_key": uuid.uuid4(),
         "event_form": event_form or EventForm(initial={"event_id": uuid.uuid4()}),
         **_diff(request, run, visits),
     }
@@ -298,9 +299,19 @@ def run_fork(request, tenant, run_id):
         messages.error(request, "Choose the checkpoint to fork from.")
         return redirect("dashboard:run", tenant, run.id)
 
+    # The form's one-time key: a double click or a retry makes one fork, not two (a fork's
+    # effects are new ones: a second fork would perform them again).
+    key = request.POST.get("fork_key", "")[:100]
+    key = f"fork:{key}" if key else None
+
     def fork():
-        forked = services.run_fork(run_id=run.id, visit=visit, by=request.member.actor)
-        messages.success(request, f"Forked from visit {visit} of run {run.id}.")
+        again = key is not None and Run.objects.filter(idempotency_key=key).exists()
+        forked = services.run_fork(run_id=run.id, visit=visit, by=request.member.actor,
+                                   idempotency_key=key)
+        if again:
+            messages.info(request, "This form already forked the run: here is that fork.")
+        else:
+            messages.success(request, f"Forked from visit {visit} of run {run.id}.")
         return redirect("dashboard:run", tenant, forked.id)
 
     return _done(request, tenant, run.id, fork)
