@@ -17,7 +17,7 @@ from runs.approvals.models import Approval, InboundEvent
 from runs.engine.ports import ports
 from runs.models import Branch, Run
 from runs.services import RunError, run_requeue
-from runs.transitions import finish, wait_for_event
+from runs.transitions import finish, run_child, wait_for_event
 from tenants import people
 from tenants.models import AuditEntry
 from tenants.people import invitation_create, invitations_open
@@ -324,3 +324,43 @@ def test_the_fork_form_sent_twice_makes_one_fork(acme):
     assert "already forked" in again.content.decode()
     with tenant_context(acme):
         services.run_cancel(run_id=forks[0].id)
+
+
+# -- a child run refused by its agent's input schema -------------------------------------------
+
+strict_child = Agent("dash_strict_child", version=1, input_schema={
+    "type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}})
+
+
+@strict_child.step(start=True, next=[])
+def strict_only(ctx, state):
+    return finish(state["n"])
+
+
+bad_parent = Agent("dash_bad_parent", version=1)
+
+
+@bad_parent.step(start=True, next=["after_child"])
+def ask_child(ctx, state):
+    return run_child("dash_strict_child", {"n": "not a number"}, then="after_child")
+
+
+@bad_parent.step(next=[])
+def after_child(ctx, state):
+    return finish(state["event"]["payload"])
+
+
+def test_a_child_run_refused_by_its_schema_parks_the_parent_saying_to_migrate(acme):
+    """The step asks for a child with input its agent refuses. The parent must not loop (it is
+    parked, no child is left behind), and the reason must name the refusal and the way out: a
+    fixed agent version (migrate); re-queueing runs the same step into the same refusal. It
+    said "engine error ... re-queue it"."""
+    with tenant_context(acme):
+        run = finished(start("dash_bad_parent").id)
+        assert run.status == Run.Status.WAITING
+        assert not Run.objects.filter(parent_id=run.id).exists()
+        assert "engine error" not in run.waiting_reason
+        assert "child run of 'dash_strict_child' was refused" in run.waiting_reason
+        assert "$.n: 'not a number' is not of type 'integer'" in run.waiting_reason
+        assert "migrate" in run.waiting_reason
+        services.run_cancel(run_id=run.id)
