@@ -57,7 +57,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
     if idempotency_key:
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
-            return Started(_same_request(existing, agent, version, input), created=False)
+            return Started(_same_request(existing, agent, version, input, durability),
+                           created=False)
     try:
         definition = registry.get(agent, version)
     except UnknownAgent as exc:
@@ -96,12 +97,16 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        return Started(_same_request(existing, agent, version, input), created=False)
+        return Started(_same_request(existing, agent, version, input, durability),
+                       created=False)
     return Started(run, created=True)
 
 
-def _same_request(run: Run, agent: str, version: int | None, input: dict) -> Run:
-    if run.agent != agent or run.input != input or version not in (None, run.agent_version):
+def _same_request(run: Run, agent: str, version: int | None, input: dict,
+                  durability: str) -> Run:
+    # (its budgets are not compared: a person may have raised them since)
+    if run.agent != agent or run.input != input or version not in (None, run.agent_version) \
+            or run.durability != durability:
         raise RunError(
             "idempotency_key_reused",
             "this Idempotency-Key was used for a different request; use a new key",
@@ -184,13 +189,39 @@ def checkpoint_state(*, run_id: UUID, visit: int) -> dict[str, Any]:
 
 
 def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
-             enqueue: bool = True, by: str = "") -> Run:
+             enqueue: bool = True, by: str = "", idempotency_key: str | None = None) -> Run:
     """A new run that starts from checkpoint `visit` of a finished run, which stays untouched.
 
     Where the run parked (or at the checkpoint its wake-up wrote, which holds the answer) the
     fork waits again: a new approval for the same deciders, a new gate, a new timer, a new
     child run; at a fan-out join it gets the branch results. It never inherits a decision.
+
+    A reused idempotency key returns the fork it made (a fork's effects are new: a second one
+    would perform them again), if it was of the same run and visit.
     """
+    if idempotency_key:
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_fork(existing, run_id, visit)
+    try:
+        return _fork(run_id=run_id, visit=visit, durability=durability, enqueue=enqueue, by=by,
+                     idempotency_key=idempotency_key or None)
+    except IntegrityError:  # two requests raced on one key: the first one's fork is the answer
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_fork(existing, run_id, visit)
+
+
+def _same_fork(run: Run, source_id: UUID, visit: int) -> Run:
+    if run.forked_from_id != source_id or run.forked_from_visit != visit:
+        raise RunError("idempotency_key_reused",
+                       "this idempotency key was used for a different request; use a new key")
+    return run
+
+
+def _fork(*, run_id: UUID, visit: int, durability: str | None, enqueue: bool, by: str,
+          idempotency_key: str | None) -> Run:
     source = Run.objects.filter(id=run_id).first()
     if source is None:
         raise RunError("not_found", "no such run")
@@ -217,6 +248,7 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
             input=source.input, max_steps=source.max_steps,
             max_wall_seconds=source.max_wall_seconds, **_budget_as_started(source),
             steps_taken=checkpoint.visit, forked_from=source, forked_from_visit=visit,
+            idempotency_key=idempotency_key,
             status=Run.Status.WAITING if reopens else Run.Status.QUEUED,
             waiting_reason=waiting.get("reason", "") if reopens else "",
         )
@@ -339,11 +371,17 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
     """Operator action for a stuck run: fence off whoever holds it (epoch + 1) and put it back
     in line. Its next worker resumes from the last checkpoint."""
 
-    if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
-            EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
-        raise RunError("run_waiting_on_something", "the run waits for an approval or an event: "
-                       "decide it, send the event, or cancel the run")
     with transaction.atomic():
+        # The run's row first: a run parking right now holds it until its approval or gate is
+        # committed, which the check below must see (else the parked run would be queued and
+        # resume after its wait, undecided).
+        Run.objects.select_for_update().filter(id=run_id).first()
+        if Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).exists() or \
+                EventGate.objects.filter(run_id=run_id, status=EventGate.Status.OPEN).exists():
+            raise RunError("run_waiting_on_something", "the run waits for an approval or an "
+                           "event: decide it, send the event, or cancel the run")
+        if _branches_requeue(run_id, by=by):
+            return Run.objects.get(id=run_id)
         updated = Run.objects.filter(
             id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
         ).update(status=Run.Status.QUEUED, lease_owner="", lease_expires_at=None,
@@ -354,6 +392,29 @@ def run_requeue(*, run_id: UUID, by: str) -> Run:
         event_record(run_id=run_id, kind="operator_requeued", by=by)
         run_enqueue(run_id)
     return Run.objects.get(id=run_id)
+
+
+def _branches_requeue(run_id: UUID, *, by: str) -> bool:
+    """A run waiting at a fan-out join is re-queued by putting its unfinished branches back in
+    line; the run keeps waiting. (Re-queueing the run itself would run the join at once, its
+    branches unrun and counted as failed.) False when the run is not waiting for branches."""
+    run = Run.objects.select_for_update().filter(id=run_id, status=Run.Status.WAITING).first()
+    parked = run.checkpoints.order_by("-visit").first() if run else None
+    if parked is None or (parked.waiting or {}).get("kind", "fan_out") != "fan_out":
+        return False
+    pending = list(Branch.objects.filter(run=run, visit=parked.visit, status=Branch.Status.PENDING)
+                   .values_list("index", flat=True))
+    if not pending and not Branch.objects.filter(run=run, visit=parked.visit,
+                                                 status=Branch.Status.RUNNING).exists():
+        return False
+    for index in pending:  # a running branch keeps its lease: the watchdog retries it
+        ready_mark(run_id=run.id, branch=index)
+    if run.waiting_reason.startswith("fan_out: branch"):  # a branch was refused
+        Run.objects.filter(id=run.id).update(
+            waiting_reason=f"fan_out: {len(pending)} branches", updated_at=timezone.now())
+    event_record(run_id=run.id, kind="operator_requeued", by=by, branches=pending)
+    transaction.on_commit(dispatch_ready)
+    return True
 
 
 def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:

@@ -9,7 +9,7 @@ import hmac
 import secrets
 import unicodedata
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
@@ -178,6 +178,8 @@ def _owner_stays(tenant: Tenant, membership: Membership, new_role: str | None) -
 class Invited:
     invitation: Invitation
     token: str  # the plaintext, for the emailed link only; never stored
+    replaced: tuple = ()  # the open invitations to the same address it revoked (ids)
+    at: datetime | None = None  # when: their revoked_at
 
 
 def invitation_create(*, tenant: Tenant, email: str, role: str, by: str) -> Invited:
@@ -189,22 +191,40 @@ def invitation_create(*, tenant: Tenant, email: str, role: str, by: str) -> Invi
     token = secrets.token_urlsafe(32)
     now = timezone.now()
     with transaction.atomic():
-        Invitation.objects.filter(tenant=tenant, email=email, accepted_at=None,
-                                  revoked_at=None).update(revoked_at=now)
+        earlier = Invitation.objects.select_for_update().filter(
+            tenant=tenant, email=email, accepted_at=None, revoked_at=None)
+        replaced = tuple(earlier.values_list("id", flat=True))
+        Invitation.objects.filter(id__in=replaced).update(revoked_at=now)
         invitation = Invitation.objects.create(
             tenant=tenant, email=email, role=role, token_hash=_digest(token), invited_by=by,
             expires_at=now + INVITATION_TTL)
         audit_record(tenant=tenant, actor=by, action="member.invited", target=f"user:{email}",
                      role=role)
-    return Invited(invitation, token)
+    return Invited(invitation, token, replaced, now)
+
+
+def invitation_undo(*, tenant: Tenant, invited: Invited, by: str) -> None:
+    """Take back an invitation whose email could not be sent: it is revoked, and the open ones
+    it replaced are open again (their emails were delivered: their links work again), unless
+    revoked by someone else since."""
+    with transaction.atomic():
+        invitation_revoke(tenant=tenant, invitation_id=invited.invitation.id, by=by)
+        reopened = Invitation.objects.filter(
+            tenant=tenant, id__in=invited.replaced, accepted_at=None,
+            revoked_at=invited.at).update(revoked_at=None)
+        if reopened:
+            audit_record(tenant=tenant, actor=by, action="invitation.reopened",
+                         target=f"user:{invited.invitation.email}", count=reopened)
 
 
 def invitation_revoke(*, tenant: Tenant, invitation_id, by: str) -> None:
-    revoked = Invitation.objects.filter(tenant=tenant, id=invitation_id, accepted_at=None,
-                                        revoked_at=None).update(revoked_at=timezone.now())
-    if not revoked:
-        raise PeopleError("not_found", "No such open invitation.")
-    audit_record(tenant=tenant, actor=by, action="invitation.revoked", target=str(invitation_id))
+    with transaction.atomic():  # the change and its audit entry, together
+        revoked = Invitation.objects.filter(tenant=tenant, id=invitation_id, accepted_at=None,
+                                            revoked_at=None).update(revoked_at=timezone.now())
+        if not revoked:
+            raise PeopleError("not_found", "No such open invitation.")
+        audit_record(tenant=tenant, actor=by, action="invitation.revoked",
+                     target=str(invitation_id))
 
 
 def invitations_open(*, tenant: Tenant) -> QuerySet[Invitation]:

@@ -19,7 +19,7 @@ from ..events import event_record
 from ..leases import leases
 from ..models import Run
 from .harness import Harness
-from .outcome import CheckpointWriteFailed, LeaseLost, Outcome, worker_id
+from .outcome import CheckpointWriteFailed, ChildRunRefused, LeaseLost, Outcome, worker_id
 from .ports import ports
 from .store import checkpoint_latest, run_claim, run_fence, run_unclaim
 
@@ -115,6 +115,9 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
         return Outcome.LEASE_LOST
     except (DatabaseError, CheckpointWriteFailed):
         raise  # the database is away: the lease expires and the watchdog retries the run
+    except ChildRunRefused as exc:  # the agent's code asks for it: re-queueing asks again
+        return run_park_refused(run=run, epoch=epoch, reason=(
+            f"{exc}; fix the agent in a new version, then migrate the run"))
     except Exception as exc:  # a bug in the platform, not in a step: park, never loop
         # the traceback is all platform frames: operators read it in the log, tenants do not
         log.exception("engine error on run %s", run_id)

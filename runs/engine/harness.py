@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.errors import ServiceError
 from agentplatform.redaction import secrets_redact
 from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
@@ -32,7 +33,7 @@ from ..transitions import (
     targets,
 )
 from .context import INTERRUPTS, StepContext
-from .outcome import Outcome, StepError
+from .outcome import ChildRunRefused, Outcome, StepError
 from .parking import park_reason, waiting_of
 from .ports import BudgetExceeded, EffectRefused, NeedsPerson, idempotency_key, ports
 from .writer import CheckpointWriter, Position, position_load
@@ -286,8 +287,13 @@ class Harness:
                 case Sleep():
                     parking["timer"](run_id=run.id, visit=visit, due_at=due)
                 case RunChild(agent=agent, input=input, then=then, version=version):
-                    child = parking["child_run"](agent=agent, version=version, input=input,
-                                                 parent_id=run.id, durability=run.durability).run
+                    try:
+                        child = parking["child_run"](agent=agent, version=version, input=input,
+                                                     parent_id=run.id,
+                                                     durability=run.durability).run
+                    except ServiceError as exc:  # rolls the parking back: nothing is left
+                        raise ChildRunRefused(f"the child run of {agent!r} was refused: "
+                                              f"{exc.message}") from None
                     parking["event_gate"](run=run, visit=visit, kind="child_run",
                                           key=str(child.id), then=then, on_timeout=None,
                                           timeout=None)

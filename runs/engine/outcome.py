@@ -27,5 +27,10 @@ class StepError(Exception):
     """A step broke the rules of the engine; retrying cannot help."""
 
 
+class ChildRunRefused(Exception):
+    """The child run a step asked for was refused (its agent is unknown, or its input breaks
+    that agent's input schema): the same step would ask for it again, so only new code helps."""
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"

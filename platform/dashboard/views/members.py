@@ -22,6 +22,7 @@ from tenants.people import (
     audit_list,
     invitation_create,
     invitation_revoke,
+    invitation_undo,
     invitations_open,
     member_remove,
     member_role_set,
@@ -68,7 +69,8 @@ def members(request, tenant):
 @require_POST
 def member_invite(request, tenant):
     """Invite, then email the link. A mail server that refuses undoes the invitation (revoked,
-    recorded): nobody holds a link that was never delivered."""
+    recorded): nobody holds a link that was never delivered, and an earlier invitation to the
+    same address, which this one replaced, is open again."""
     form = InviteForm(request.POST)
     if form.is_valid():
         actor = request.member.actor
@@ -82,8 +84,7 @@ def member_invite(request, tenant):
                 _invitation_send(request, invited)
             except (smtplib.SMTPException, OSError) as exc:
                 log.warning("invitation to %s not sent: %s", invited.invitation.email, exc)
-                invitation_revoke(tenant=request.member.tenant, invitation_id=invited.invitation.id,
-                                  by=actor)
+                invitation_undo(tenant=request.member.tenant, invited=invited, by=actor)
                 form.add_error(None, f"The email to {invited.invitation.email} could not be sent "
                                      f"({exc}), so nobody was invited. Try again later.")
             else:

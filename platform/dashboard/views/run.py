@@ -6,16 +6,19 @@ role may take: cancel, re-queue, migrate, fork, and sending the event the run wa
 Reads come from runs.selectors (and the dashboard's situation/timeline readers built on the
 models), writes from runs.services and runs.approvals.services, as the API's do."""
 
+import uuid
 from collections import Counter
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
+from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
 from runs import services
 from runs.agents import UnknownAgent, registry
@@ -44,6 +47,10 @@ class EventForm(forms.Form):
         label="Payload (a JSON object)", required=False, initial="{}",
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
         help_text="What the run reads as <code>state.event.payload</code>.")
+    # This form's sending, once: the event's dedupe id (source_id). A double click, a second
+    # tab or a retry after a lost answer sends the same id, and the event is not delivered
+    # again (to the run's next wait for the same key). Missing only in a page older than it.
+    event_id = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
     def clean_payload(self):
         text = self.cleaned_data["payload"].strip() or "{}"
@@ -191,7 +198,8 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         "children": list(run.children.order_by("created_at")),
         "newer_versions": _newer_versions(run),
         "forkable": [c for c in checkpoints if c.step is not None],
-        "event_form": event_form or EventForm(),
+        "fork_key": uuid.uuid4(),
+        "event_form": event_form or EventForm(initial={"event_id": uuid.uuid4()}),
         **_diff(request, run, visits),
     }
     return render(request, "dashboard/run/page.html", context, status=status)
@@ -296,9 +304,19 @@ def run_fork(request, tenant, run_id):
         messages.error(request, "Choose the checkpoint to fork from.")
         return redirect("dashboard:run", tenant, run.id)
 
+    # The form's one-time key: a double click or a retry makes one fork, not two (a fork's
+    # effects are new ones: a second fork would perform them again).
+    key = request.POST.get("fork_key", "")[:100]
+    key = f"fork:{key}" if key else None
+
     def fork():
-        forked = services.run_fork(run_id=run.id, visit=visit, by=request.member.actor)
-        messages.success(request, f"Forked from visit {visit} of run {run.id}.")
+        again = key is not None and Run.objects.filter(idempotency_key=key).exists()
+        forked = services.run_fork(run_id=run.id, visit=visit, by=request.member.actor,
+                                   idempotency_key=key)
+        if again:
+            messages.info(request, "This form already forked the run: here is that fork.")
+        else:
+            messages.success(request, f"Forked from visit {visit} of run {run.id}.")
         return redirect("dashboard:run", tenant, forked.id)
 
     return _done(request, tenant, run.id, fork)
@@ -319,13 +337,29 @@ def run_event(request, tenant, run_id):
         return _page(request, tenant, run, event_form=form, status=400)
     gate = wait.gate
 
+    @retried_on_conflict  # a deadlock victim runs again, as event_deliver's own would
+    def deliver_and_record():
+        # The event and who sent it commit together: a failure in between leaves neither,
+        # and sending the form again delivers it (its dedupe id was not taken).
+        with transaction.atomic():
+            event_id = form.cleaned_data["event_id"]
+            delivery = event_submit(kind=gate.kind, key=gate.key,
+                                    payload=form.cleaned_data["payload"],
+                                    source_id=f"dashboard:{event_id}" if event_id else None)
+            if not delivery.duplicate:
+                # The event log records the event, not who sent it: the audit log does.
+                audit_record(tenant=request.member.tenant, actor=request.member.actor,
+                             action="event.sent", target=f"run:{run.id}", kind=gate.kind,
+                             key=gate.key, event=delivery.event.id if delivery.event else None,
+                             resumed=[str(r) for r in delivery.resumed])
+        return delivery
+
     def send():
-        delivery = event_submit(kind=gate.kind, key=gate.key, payload=form.cleaned_data["payload"])
-        # The event log records the event, not who sent it: the audit log does.
-        audit_record(tenant=request.member.tenant, actor=request.member.actor,
-                     action="event.sent", target=f"run:{run.id}", kind=gate.kind, key=gate.key,
-                     event=delivery.event.id if delivery.event else None,
-                     resumed=[str(r) for r in delivery.resumed])
+        delivery = deliver_and_record()
+        if delivery.duplicate:
+            messages.info(request, "This event was already sent from this form: it is not "
+                                   "sent again.")
+            return redirect("dashboard:run", tenant, run.id)
         woke = run.id in delivery.resumed
         messages.success(request, f"Sent {gate.kind} for {gate.key}"
                          + (": the run goes on." if woke else "; it woke no run."))
