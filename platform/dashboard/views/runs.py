@@ -11,7 +11,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import QueryDict
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, path, reverse
+from django.urls import path, reverse
 
 from agentplatform.errors import ServiceError
 from runs import services
@@ -213,13 +213,6 @@ class StartRunForm(forms.Form):
         return value
 
 
-def _run_page(tenant: str, run_id) -> str:
-    try:
-        return reverse("dashboard:run", args=[tenant, run_id])
-    except NoReverseMatch:  # before the run page exists: the list
-        return reverse("dashboard:runs", args=[tenant])
-
-
 @tenant_page(RUNS_WRITE)
 def start_run(request, tenant):
     agents = _latest_agents()
@@ -241,7 +234,7 @@ def start_run(request, tenant):
                 else:
                     messages.info(request, "This form was already sent: here is the run it "
                                            "started.")
-                return redirect(_run_page(tenant, run.id))
+                return redirect("dashboard:run", tenant, run.id)
         chosen = agents.get(request.POST.get("agent", ""))
     else:
         chosen = agents.get(request.GET.get("agent", "")) or next(iter(agents.values()), None)
