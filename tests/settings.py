@@ -53,3 +53,6 @@ from agentplatform.settings import *  # noqa: E402,F403
 
 # Short slices in tests so re-enqueueing between slices is exercised by real workers.
 RUN_SLICE_SECONDS = float(os.environ.get("RUN_SLICE_SECONDS", "0.5"))
+
+# Argon2id with small costs (tests/support/hashers.py): the suite hashes hundreds of passwords.
+PASSWORD_HASHERS = ["tests.support.hashers.QuickArgon2PasswordHasher", *PASSWORD_HASHERS]  # noqa: F405

@@ -40,6 +40,7 @@ print(json.dumps({
                 settings.SESSION_COOKIE_HTTPONLY, settings.CSRF_COOKIE_HTTPONLY,
                 settings.SESSION_COOKIE_SAMESITE, settings.CSRF_COOKIE_SAMESITE],
     "s3": [settings.AWS_ACCESS_KEY_ID, settings.AWS_SECRET_ACCESS_KEY],
+    "hasher": settings.PASSWORD_HASHERS[0],
 }))
 """
 
@@ -81,3 +82,12 @@ def test_a_missing_secret_key_fails_at_start_even_with_debug():
                       DJANGO_DEBUG=debug)
         assert started.returncode != 0, f"DJANGO_DEBUG={debug} started without a secret key"
         assert "DJANGO_SECRET_KEY is not set" in started.stderr
+
+
+def test_people_passwords_are_hashed_with_django_argon2id_at_its_own_costs():
+    """The suite signs people in with a cheaper Argon2 (tests/support/hashers.py); production
+    uses Django's, whose costs are made to be slow."""
+    probed = run(["-c", SETTINGS_PROBE])
+    assert probed.returncode == 0, probed.stderr
+    hasher = json.loads(probed.stdout.strip().splitlines()[-1])["hasher"]
+    assert hasher == "django.contrib.auth.hashers.Argon2PasswordHasher"
