@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models.deletion import Collector
@@ -19,7 +20,8 @@ from runs.dispatch.models import Wakeup
 from runs.retention import services as retention
 from runs.retention import store
 from sandboxes.services import LocalWorkspace, workspace_snapshot
-from tenants.models import Tenant
+from tenants.models import AuditEntry, Invitation, Membership, Tenant
+from tenants.people import invitation_create, member_add
 from tenants.services import TenantError, tenant_create, tenant_reactivate, tenant_suspend
 from tests.retention.conftest import run_finished
 from tests.tenants.test_admin_console import staff_client
@@ -56,6 +58,13 @@ def tenant_with_data(schema: str, tmp_path) -> tuple[Tenant, LocalWorkspace]:
 def test_deleting_a_tenant_removes_its_objects_workspaces_and_schema_and_nothing_else(
         s3, acme, tmp_path):
     tenant, local = tenant_with_data("cyberdyne", tmp_path)
+    # Its people: a member who is also in acme, an open invitation, audit entries.
+    both = f"both-{uuid.uuid4().hex[:8]}@example.test"
+    member_add(tenant=tenant, email=both, role="owner", by="test")
+    member_add(tenant=acme, email=both, role="viewer", by="test")
+    invitation_create(tenant=tenant, email=f"new-{uuid.uuid4().hex[:8]}@example.test",
+                      role="viewer", by=f"user:{both}")
+    assert AuditEntry.objects.filter(tenant=tenant).count() >= 2
     neighbour = put(f"tenants/cyberdyne2/workspaces/{uuid.uuid4()}/0.tar.gz.enc")  # same prefix, longer
     acme_source = tmp_path / "acme-workspace"
     acme_source.mkdir()
@@ -72,6 +81,12 @@ def test_deleting_a_tenant_removes_its_objects_workspaces_and_schema_and_nothing
     assert not local.dir.exists() and not local.dir.parent.exists()
     assert not schema_exists("cyberdyne")
     assert not Tenant.objects.filter(pk=tenant.pk).exists()
+    # its memberships, invitations and audit log go with it; the person and acme's keep theirs
+    assert not Membership.objects.filter(tenant_id=tenant.pk).exists()
+    assert not Invitation.objects.filter(tenant_id=tenant.pk).exists()
+    assert not AuditEntry.objects.filter(tenant_id=tenant.pk).exists()
+    assert Membership.objects.filter(tenant=acme, user__username=both).exists()
+    assert get_user_model().objects.filter(username=both).exists()
     assert stored(neighbour) == [neighbour]
     assert stored(acme_snapshot.object_key) == [acme_snapshot.object_key]
     s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=neighbour)
