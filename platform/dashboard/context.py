@@ -4,9 +4,11 @@ from tenants.people import memberships_of
 
 
 def dashboard(request):
-    if not request.path.startswith("/") or request.path.startswith(("/admin/", "/api/")):
+    if request.path.startswith(("/admin/", "/api/")):
         return {}
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    return {"memberships": list(memberships_of(user)), "member": getattr(request, "member", None)}
+    # A queryset, not a list: read only by pages that draw the header, not by htmx partials
+    # (a run's header polls every 2 s), and once per page (Django caches what it read).
+    return {"memberships": memberships_of(user), "member": getattr(request, "member", None)}
