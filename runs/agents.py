@@ -17,9 +17,12 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from jsonschema import Draft202012Validator
+
+from agentplatform.wiring import Wiring
 
 from .transitions import Transition
 
@@ -79,6 +82,12 @@ class Agent:
     # and an example input a person can start from (the dashboard's start form shows it).
     input_schema: dict | None = None
     input_example: dict | None = None
+    # Defaults for run_start's limits (max_steps, max_wall_seconds, max_tokens, max_cost_usd)
+    # when the caller sets none.
+    limits: dict | None = None
+    # A tenant-defined agent: its parsed definition (runs/definitions). Such an agent lives in
+    # one tenant's schema, so it is never put in the process-wide registry.
+    definition: Any = None
     steps: dict[str, Step] = field(default_factory=dict, init=False)
     start: str | None = field(default=None, init=False)
 
@@ -86,7 +95,13 @@ class Agent:
         self.logs = tuple(self.logs)
         if self.input_schema is not None:  # a broken schema fails at import, not at a run's start
             Draft202012Validator.check_schema(self.input_schema)
-        registry.register(self)
+        if self.definition is None:
+            registry.register(self)
+
+    @property
+    def kind(self) -> str:
+        """"platform" for the operator's agents (AGENT_MODULES), "tenant" for a definition."""
+        return "platform" if self.definition is None else "tenant"
 
     def input_errors(self, input: dict) -> list[str]:
         """Where `input` breaks the agent's input schema, one line per failure, each naming
@@ -116,13 +131,16 @@ class Agent:
 
     @property
     def topology(self) -> dict:
-        return {
+        topology = {
             "agent": self.name,
             "version": self.version,
             "start": self.start,
             "logs": sorted(self.logs),
             "steps": {name: sorted(step.next) for name, step in sorted(self.steps.items())},
         }
+        if self.definition is not None:  # a changed definition is other code
+            topology["definition"] = self.definition.spec_hash
+        return topology
 
     @property
     def topology_hash(self) -> str:
@@ -146,8 +164,20 @@ class UnknownAgent(LookupError):
     pass
 
 
+@dataclass(frozen=True)
+class TenantAgents:
+    """The current tenant's own agents (runs/definitions), wired by the composition root."""
+
+    get: Callable[[str, int | None], Agent | None]  # (name, version or latest); None: no such
+    all: Callable[[], list[Agent]]  # every version of every definition, by (name, version)
+
+
+tenant_agents: Wiring[TenantAgents] = Wiring("tenant-defined agents")
+
+
 class AgentRegistry:
-    """Every registered (agent, version). Old versions stay registered while their runs drain."""
+    """Every registered (agent, version). Old versions stay registered while their runs drain.
+    A name no operator agent has is looked up among the current tenant's definitions."""
 
     def __init__(self):
         self._agents: dict[tuple[str, int], Agent] = {}
@@ -172,11 +202,14 @@ class AgentRegistry:
 
     def get(self, name: str, version: int | None = None) -> Agent:
         self.load()
-        if version is None:
-            versions = [v for (n, v) in self._agents if n == name]
-            if not versions:
-                raise UnknownAgent(f"no agent named {name!r} is registered")
-            version = max(versions)
+        versions = [v for (n, v) in self._agents if n == name]
+        if not versions:  # operator names are reserved: a definition cannot take one
+            agent = tenant_agents().get(name, version)
+            if agent is None:
+                raise UnknownAgent(f"no agent named {name!r} is registered"
+                                   + ("" if version is None else f" with version {version}"))
+            return agent
+        version = max(versions) if version is None else version
         agent = self._agents.get((name, version))
         if agent is None:
             raise UnknownAgent(f"agent {name!r} version {version} is not registered")
@@ -184,8 +217,18 @@ class AgentRegistry:
         return agent
 
     def all(self) -> list[Agent]:
+        """The operator's agents (AGENT_MODULES), by (name, version)."""
         self.load()
         return sorted(self._agents.values(), key=lambda a: (a.name, a.version))
+
+    def available(self) -> list[Agent]:
+        """What the current tenant can run: the operator's agents and its own, by (name, version)."""
+        return sorted(self.all() + tenant_agents().all(), key=lambda a: (a.name, a.version))
+
+    def names(self) -> set[str]:
+        """The operator's agent names (a definition may not take one)."""
+        self.load()
+        return {name for name, _ in self._agents}
 
 
 registry = AgentRegistry()

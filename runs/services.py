@@ -75,6 +75,9 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         raise RunError("state_too_large", str(exc)) from None
     limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds,
               "max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
+    for key, default in (definition.limits or {}).items():  # the agent's, where the caller set none
+        if limits.get(key) is None:
+            limits[key] = default
     try:
         with transaction.atomic():
             run = Run.objects.create(

@@ -16,6 +16,7 @@ class PlatformConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: an app's services may load only once every app's models are ready.
         from integrations.webhooks.slack_approvals import slack_approval_announce
+        from runs.agents import TenantAgents, tenant_agents
         from runs.approvals.services import (
             ANNOUNCERS,
             approval_open,
@@ -26,6 +27,7 @@ class PlatformConfig(AppConfig):
             wakeup_fire,
             wakeup_schedule,
         )
+        from runs.definitions.registry import tenant_agent_get, tenant_agents_all
         from runs.dispatch.ports import TickHandlers, tick_handlers_wire
         from runs.effects.services import budget_checker, effect_perform, outbox_kick
         from runs.engine.ports import Ports, ports_wire
@@ -50,6 +52,7 @@ class PlatformConfig(AppConfig):
             approval_open=approval_open, gate_open=gate_open, wakeup_schedule=wakeup_schedule,
             wakeup_cancel=wakeup_cancel, event_deliver=event_deliver, parked_cancel=parked_cancel,
         ))
+        tenant_agents.wire(TenantAgents(get=tenant_agent_get, all=tenant_agents_all))
         tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
                                         wakeup_fire=wakeup_fire))
         if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process

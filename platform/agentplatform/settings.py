@@ -51,6 +51,7 @@ TENANT_APPS = [
     "integrations",
     "runs.approvals",
     "runs.retention",
+    "runs.definitions",
     "sandboxes",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS] + [

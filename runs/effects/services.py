@@ -57,14 +57,15 @@ def args_digest(args: dict) -> str:
 
 
 def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
-                   budget_check=None) -> Any:
+                   budget_check=None, credential: str = "default") -> Any:
     """Run the effect once. Returns the recorded or new result; raises EffectError,
-    EffectRefused, NeedsPerson or BudgetExceeded."""
+    EffectRefused, NeedsPerson or BudgetExceeded. `credential`: the label of the tenant's
+    credential for the connector (part of what is recorded: a later attempt must use it too)."""
     with span_start(tracer, f"effect {name}", attributes={
             "run.id": str(scope.run_id), "effect": name, "connector": connector,
             "scope": scope.key}) as span:
         result = _effect_perform(scope=scope, name=name, connector=connector, args=args,
-                                 budget_check=budget_check, span=span)
+                                 budget_check=budget_check, span=span, credential=credential)
         usage = result.get("usage") if isinstance(result, dict) else None
         if usage:
             span.set_attribute("model.tokens", int(usage.get("total_tokens", 0)))
@@ -73,10 +74,11 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
 
 
 def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budget_check,
-                    span) -> Any:
+                    span, credential: str) -> Any:
     receiver = connector_get(connector)
     schema = connection.schema_name
-    digest = args_digest(args)
+    # The default label leaves the digest as it always was; another one is part of it.
+    digest = args_digest(args if credential == "default" else {"args": args, "credential": credential})
     effect = Effect.objects.filter(run_id=scope.run_id, scope=scope.key, name=name).first()
     if effect is None:
         if budget_check:
@@ -97,7 +99,7 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
             raise EffectRefused(f"effect {name!r} failed: {effect.error}")
     call = Call(tenant=schema, run_id=scope.run_id, effect=name,
                 idempotency_key=effect.idempotency_key, args=args,
-                credentials=_credentials(connector))
+                credentials=_credentials(connector, credential))
     resend_is_safe = receiver.honours_idempotency_key or receiver.safe_to_repeat
     if effect.attempts > 0 and not resend_is_safe and (
             effect.status == Effect.Status.PENDING
@@ -251,8 +253,8 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
         unknown.update(status=Effect.Status.PENDING, attempts=0, error="", maybe_sent=False)
 
 
-def _credentials(connector: str) -> dict:
-    return credential_get(connector=connector, missing_ok=True)
+def _credentials(connector: str, label: str = "default") -> dict:
+    return credential_get(connector=connector, label=label, missing_ok=True)
 
 
 def budget_checker(*, run_id: UUID, requested_tokens: int):

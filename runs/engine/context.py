@@ -58,18 +58,20 @@ class StepContext:
     def log(self, name: str) -> LogView:
         return self._logs[name]
 
-    def effect(self, name: str, connector: str, **args) -> Any:
+    def effect(self, name: str, connector: str, *, credential: str = "default", **args) -> Any:
         """Do something externally visible exactly once per (run, step visit, name): a re-run
-        of this step gets the recorded result instead of acting again."""
+        of this step gets the recorded result instead of acting again. `credential`: which of
+        the tenant's credentials for the connector (by label)."""
         with self._interrupting():
             self.barrier()  # the state this effect depends on is durable before it happens
             return ports().effect_perform(scope=self._effect_scope(), name=name, connector=connector,
-                                  args=args)
+                                          args=args, credential=credential)
 
     def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
-              max_tokens: int = 1024, **options) -> dict:
+              max_tokens: int = 1024, credential: str = "default", **options) -> dict:
         """A chat-completion call through the `model` connector: an effect, so a recorded
-        call is never made (or paid for) twice; refused before sending if over budget."""
+        call is never made (or paid for) twice; refused before sending if over budget.
+        `credential`: the label of the tenant's model credential (it picks the provider)."""
         effects = ports()
         self._models += 1
         args = {"messages": messages, "max_tokens": max_tokens, **options}
@@ -79,7 +81,7 @@ class StepContext:
             self.barrier()
             return effects.effect_perform(
                 scope=self._effect_scope(), name=name or f"model-{self._models}",
-                connector="model", args=args,
+                connector="model", args=args, credential=credential,
                 budget_check=effects.budget_checker(run_id=self.run_id,
                                                     requested_tokens=max_tokens))
 

@@ -54,7 +54,8 @@ class EffectPerform(Protocol):
     """Run an effect once (the ledger); raises the effect errors above."""
 
     def __call__(self, *, scope: Scope, name: str, connector: str, args: dict,
-                 budget_check: Callable[[], None] | None = None) -> Any: ...
+                 budget_check: Callable[[], None] | None = None,
+                 credential: str = "default") -> Any: ...
 
 
 class BudgetChecker(Protocol):
