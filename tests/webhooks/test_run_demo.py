@@ -153,9 +153,14 @@ def demo_stand_ins(tmp_path):
         except OSError:
             return False
 
+    def ready():
+        for name, process in started.items():
+            if process.poll() is not None:  # e.g. no integrations/scripted_model.py: say so now
+                raise AssertionError(f"{commands[name]} exited: {process.stderr.read().decode()}")
+        return answers(urls["model"] + "/v1/state") and answers(urls["payments"] + "/v1/charges")
+
     try:
-        wait_for(lambda: answers(urls["model"] + "/v1/state") and answers(urls["payments"] + "/v1/charges"),
-                 timeout=20, what="the scripted model server and the payments stand-in")
+        wait_for(ready, timeout=20, what="the scripted model server and the payments stand-in")
         yield urls
     finally:
         for process in started.values():
