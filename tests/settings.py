@@ -7,8 +7,16 @@ import base64
 import os
 import secrets
 
-# TEST_SLOT (0-7) lets several checkouts run their suites at once on one machine.
+# TEST_SLOT (0-7) lets several checkouts run their suites at once on one machine. The full
+# suite's second shard (pytest-xdist worker gw1, see deploy/dev test) takes slot 8 + TEST_SLOT;
+# the worker processes it starts inherit the slot it resolved, not the shard's name.
 SLOT = int(os.environ.get("TEST_SLOT", "0"))
+_SHARD = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+if os.environ.get("TEST_SLOT_SHARD", "gw0") != _SHARD:  # a shard's own processes: resolved
+    SLOT = 8 + SLOT + int(_SHARD.removeprefix("gw")) - 1
+    if SLOT > 14:  # redis db 15 - SLOT; db 0 is the developer's own
+        raise RuntimeError(f"test slot {SLOT} is out of range: use TEST_SLOT 0-5 with two shards")
+os.environ["TEST_SLOT"], os.environ["TEST_SLOT_SHARD"] = str(SLOT), _SHARD
 # Assigned, not defaulted: a developer's DATABASE_URL must never be the one the tests drop.
 os.environ["DATABASE_URL"] = os.environ.get(
     "TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/agentplatform{SLOT or ''}_test"
