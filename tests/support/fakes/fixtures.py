@@ -2,13 +2,14 @@
 
 import pytest
 
+from .anthropic import FakeAnthropic
 from .openai import FakeOpenAI
 from .slack import FakeSlack
 from .smtp import SMTPServer
 from .stripe import FakeStripe
 from .webhook import FakeWebhook
 
-__all__ = ["fake_openai", "fake_slack", "fake_stripe", "fake_webhook", "smtp_server"]
+__all__ = ["fake_anthropic", "fake_openai", "fake_slack", "fake_stripe", "fake_webhook", "smtp_server"]
 
 
 @pytest.fixture
@@ -28,6 +29,13 @@ def fake_stripe():
 @pytest.fixture
 def fake_openai():
     server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake_anthropic():
+    server = FakeAnthropic().start()
     yield server
     server.stop()
 
