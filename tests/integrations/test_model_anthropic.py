@@ -9,6 +9,10 @@ import pytest
 
 from integrations.connectors import ConnectorError, connector_get
 from integrations.services import CredentialError, credential_set
+from runs.definitions.services import definition_create
+from runs.effects.models import Effect
+from runs.models import Run
+from tests.support.runs import finished, start
 
 API_KEY = "sk-ant-acme-secret"
 
@@ -132,3 +136,34 @@ def test_an_unknown_api_format_is_refused_when_stored(in_acme):
         credential_set(connector="model", secrets={"api_key": "sk-x", "api_format": "gemini"})
     with pytest.raises(CredentialError, match="'api_format' must be a string"):
         credential_set(connector="model", secrets={"api_key": "sk-x", "api_format": 1})
+
+
+def test_a_tenant_definition_runs_on_anthropic_and_calls_its_mcp_tool(in_acme, fake_anthropic,
+                                                                      mcp_server):
+    """In this process, through runs/definitions: the model (Anthropic) asks for the MCP tool,
+    the runner calls it through the ledger, and the tool's result goes back as a tool_result."""
+    credential_set(connector="model", label="claude", secrets=creds(fake_anthropic))
+    credential_set(connector="mcp", label="docs", secrets={"url": mcp_server.url})
+    fake_anthropic.script = [{"tool_use": {"name": "lookup", "input": {"query": "ledger"}}}]
+    definition_create(name="librarian", by="test", spec={
+        "model": {"credential": "claude", "name": "claude-sonnet-4-5", "max_tokens": 256},
+        "instructions": "Look things up before answering.",
+        "tools": [{"name": "lookup", "kind": "mcp", "server": "docs", "remote_name": "search",
+                   "description": "Search the docs",
+                   "parameters": {"type": "object", "required": ["query"],
+                                  "properties": {"query": {"type": "string"}}}}]})
+    run = finished(start("librarian", input={"question": "what happens once?"}).id)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert run.result["turns"] == 2 and "Effects happen once." in run.result["content"]
+    assert mcp_server.state()["calls"] == {"search": [{"query": "ledger", "limit": 3}]}
+    sent = fake_anthropic.last_request  # the second turn: the whole conversation so far
+    assert sent["system"] == "Look things up before answering."
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+    [use] = sent["messages"][1]["content"]
+    [result] = sent["messages"][2]["content"]
+    assert use["type"] == "tool_use" and use["input"] == {"query": "ledger"}
+    assert result["type"] == "tool_result" and result["tool_use_id"] == use["id"]
+    assert sent["tools"][0]["name"] == "lookup" and "input_schema" in sent["tools"][0]
+    connectors = Effect.objects.filter(run=run).values_list("connector", flat=True)
+    assert sorted(connectors) == ["mcp", "model", "model"]
+    assert run.tokens_used == fake_anthropic.state()["input_tokens"] + fake_anthropic.state()["output_tokens"]
