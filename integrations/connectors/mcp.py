@@ -42,6 +42,7 @@ META_KEY = "io.agentplatform/idempotency-key"
 # JSON-RPC errors that say the server did not run the call (bad request, no such method or
 # tool, invalid params); any other error answer may come from a call that acted
 REFUSALS = {-32700, -32600, -32601, -32602}
+INTERNAL_ERROR = -32603
 RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "content-type",
                     "accept", "mcp-session-id", "mcp-protocol-version"}
 ERROR_TEXT_MAX = 500
@@ -143,7 +144,9 @@ class _Session:
             refused = exc.code in REFUSALS or not self.calling
             return ConnectorError(
                 f"{where}: the server answered with error {exc.code}: "
-                f"{str(exc.message)[:ERROR_TEXT_MAX]}", retryable=False,
+                f"{str(exc.message)[:ERROR_TEXT_MAX]}",
+                # an internal error (an HTTP 5xx, too) before the call may pass; the rest won't
+                retryable=not self.calling and exc.code == INTERNAL_ERROR,
                 # before tools/call, or a refusal of it: the tool did not run
                 sent=self.calling and not refused)
         if isinstance(exc, TimeoutError):

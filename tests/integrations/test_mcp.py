@@ -62,12 +62,13 @@ def test_no_session_means_the_tool_was_not_called(mcp, mcp_server, call):
     assert refused.value.retryable and not refused.value.sent
     with pytest.raises(ConnectorError, match="error -32601") as wrong_path:  # an HTTP 404
         mcp.execute(call(search(), {"url": mcp_server.url.replace("/mcp", "/elsewhere")}))
-    assert not wrong_path.value.sent
+    assert not wrong_path.value.sent and not wrong_path.value.retryable
     guarded = McpServerProcess(free_port(), token="right").start()
     try:
         with pytest.raises(ConnectorError) as unauthorized:
             mcp.execute(call(search(), {"url": guarded.url, "token": "wrong"}))
-        assert not unauthorized.value.sent and guarded.state()["count"] == 0
+        assert not unauthorized.value.sent and unauthorized.value.retryable  # a 401: -32603
+        assert guarded.state()["count"] == 0
         assert not mcp.execute(call(search(), {"url": guarded.url, "token": "right"}))["is_error"]
     finally:
         guarded.stop()
