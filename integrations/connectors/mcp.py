@@ -61,6 +61,9 @@ class McpConnector(Connector):
         url = secrets.get("url")
         if not isinstance(url, str) or not _url_parts(url):
             return "'url' must be an http:// or https:// URL with a host"
+        if transport.request_problem("POST", _target(url), {}):
+            return ("'url': its path or query holds spaces, control or non-ASCII characters "
+                    "(percent-encode them)")
         headers = secrets.get("headers", {})
         if not isinstance(headers, dict) or not all(
                 isinstance(name, str) and isinstance(value, str) for name, value in headers.items()):
@@ -85,10 +88,7 @@ class McpConnector(Connector):
             raise ConnectorError(f"mcp: the tenant's mcp credential is invalid: {problem}",
                                  retryable=False)
         url = call.credentials["url"]
-        scheme, host, port = _url_parts(url)
-        if transport.request_problem("POST", _target(url), {}):
-            raise ConnectorError("mcp: the URL's path or query holds spaces, control or non-ASCII "
-                                 "characters (percent-encode them)", retryable=False)
+        _, host, port = _url_parts(url)
         destination = transport.destination_resolve(host, port, receiver="mcp",
                                                     ports=settings.CONNECTOR_HTTP_PORTS)
         headers = dict(call.credentials.get("headers") or {})

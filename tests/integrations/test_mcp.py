@@ -118,6 +118,7 @@ def test_credentials_are_checked_when_stored(in_acme):
     for secrets, problem in [({"token": "t"}, "'url' must be an http"),
                              ({"url": "ftp://docs.example/mcp"}, "'url' must be an http"),
                              ({"url": ["https://docs.example"]}, "'url' must be a string"),
+                             ({"url": "https://docs.example/a b"}, "percent-encode"),
                              ({"url": "https://docs.example", "headers": {"X": 1}}, "headers.*strings"),
                              ({"url": "https://docs.example", "headers": ["X: 1"]}, "headers.*strings"),
                              ({"url": "https://docs.example", "headers": {"X": "a\r\nB: c"}}, "line breaks"),
