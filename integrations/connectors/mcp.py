@@ -82,7 +82,8 @@ class McpConnector(Connector):
         if not isinstance(arguments, dict):
             raise ConnectorError("mcp: 'arguments' must be a JSON object", retryable=False)
         if not call.credentials.get("url"):
-            raise ConnectorError("mcp: no url in the tenant's mcp credential", retryable=False)
+            raise ConnectorError("mcp: this tenant has no mcp credential with that label (or it has no "
+                                 "url)", retryable=False)
         problem = self.credential_problem(call.credentials)  # one stored before the check
         if problem:
             raise ConnectorError(f"mcp: the tenant's mcp credential is invalid: {problem}",
