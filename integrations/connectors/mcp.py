@@ -31,6 +31,7 @@ import anyio
 import httpcore2
 import httpx2
 from django.conf import settings
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -131,7 +132,13 @@ class _Session:
                     ClientSession(read, write, read_timeout_seconds=self.timeout) as session:
                 await session.initialize()
                 self.calling = True
-                answer = await session.call_tool(tool, arguments, meta={META_KEY: idempotency_key})
+                # send_request, not call_tool: call_tool then lists the tools to check the answer
+                # against the tool's output schema, and a failure there (after the tool ran)
+                # would lose an answer we hold. The answer is recorded as the server gave it.
+                answer = await session.send_request(
+                    types.CallToolRequest(params=types.CallToolRequestParams(
+                        name=tool, arguments=arguments, _meta={META_KEY: idempotency_key})),
+                    types.CallToolResult)
                 self.result = {
                     "content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
                                 for block in answer.content],

@@ -3,10 +3,13 @@ a subprocess): one tools/call per effect, recorded by the ledger; a call whose o
 hid is put to a person, never made twice; the tenant's URL passes the SSRF guard; one tenant
 never reaches another's server."""
 
+import anyio
+import httpcore2
 import pytest
 from django_tenants.utils import tenant_context
 
 from integrations.connectors import ConnectorError, Lookup, connector_get
+from integrations.connectors import mcp as mcp_connector
 from integrations.connectors import transport as connector_transport
 from integrations.services import CredentialError, credential_set
 from runs.approvals.models import Approval
@@ -196,3 +199,14 @@ def test_killed_while_the_call_was_in_flight_the_outcome_is_put_to_a_person(
     wait_for(lambda: Run.objects.get(id=run.id).status == "succeeded", timeout=60,
              what="the run to continue on the person's word")
     assert mcp_server.state()["count"] == 1  # at most one call, ever
+
+
+def test_the_pinned_network_backend_reaches_no_other_host():
+    """Whatever the client asks for (a redirect, a second origin), only the checked name and
+    port are connected to."""
+    destination = connector_transport.Destination(host="docs.acme.example", port=443,
+                                                  addresses=((2, "127.0.0.1"),))
+    backend = mcp_connector._PinnedBackend(destination)
+    for host, port in [("metadata.google.internal", 80), ("127.0.0.1", 443), ("docs.acme.example", 80)]:
+        with pytest.raises(httpcore2.ConnectError, match="only the checked destination"):
+            anyio.run(backend.connect_tcp, host, port)
