@@ -82,7 +82,7 @@ def connector_register(connector: Connector) -> Connector:
     return connector
 
 
-BUILTIN = ("email", "slack", "webhook", "payments", "model")
+BUILTIN = ("email", "slack", "webhook", "payments", "model", "mcp")
 
 
 def connector_get(name: str) -> Connector:
