@@ -42,6 +42,7 @@ from typing import Any
 
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
+from runs.engine.ports import EffectError, EffectRefused
 from runs.transitions import FanOut, WaitForApproval, WaitForEvent, fail, finish, goto
 
 from .limits import limits_effective
@@ -289,7 +290,21 @@ def _call_problem(tool: Tool | None, call: dict) -> str:
 
 
 def _tool_run(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
-    """Run a call that needs nobody (any more): an effect, an MCP call or a sandbox command."""
+    """Run a call that needs nobody (any more): an effect, an MCP call or a sandbox command.
+    A receiver's refusal (a declined card, a 4xx), or a failure that outlived the step's
+    retries, is the call's answer: the model reads it, the run goes on. (A step re-run replays
+    the same answer: the ledger keeps the failure.)"""
+    try:
+        return _tool_call(ctx, tool, call, arguments)
+    except EffectRefused as exc:
+        return {"error": f"the call was refused: {exc}"}
+    except EffectError as exc:
+        if ctx.attempt < ctx.agent.retry.max_attempts:
+            raise  # the step's retry policy tries again (recorded calls are not redone)
+        return {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
+
+
+def _tool_call(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
     name = f"tool:{call['id']}"
     if tool.kind == "connector":
         return ctx.effect(name, tool.options["connector"], credential=tool.options["credential"],

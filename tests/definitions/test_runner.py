@@ -237,3 +237,34 @@ def test_oversized_and_unknown_calls_are_refused_with_a_reason_the_model_reads(m
     assert "over the" in errors[1] and "not made" in errors[1]
     assert "$.url" in errors[2]
     assert webhook.state()["deliveries"] == 0
+
+
+def test_a_sandbox_tool_runs_in_the_jail_and_its_workspace_persists_between_turns(model, s3):
+    a = define("coder", tools=[{"name": "sh", "kind": "sandbox", "language": "bash"},
+                               {"name": "count", "kind": "sandbox", "language": "python",
+                                "command": "import json; a = json.load(open('.tool/arguments.json'));"
+                                           " print(len(open(a['file']).read().split()))",
+                                "parameters": {"type": "object", "required": ["file"],
+                                               "properties": {"file": {"type": "string"}}}}])
+    model.script({a: [
+        {"tool_calls": [{"name": "sh", "arguments": {"script": "echo one two three > notes.txt; id -u"}}]},
+        {"tool_calls": [{"name": "sh", "arguments": {"script": "cat notes.txt; ls /work 2>&1 | head -1"}}]},
+        {"tool_calls": [{"name": "count", "arguments": {"file": "notes.txt"}}]},
+        {"content": "{{tool.sh.stdout}}|{{tool.count.stdout}}"}]})
+    run = finished(start(a).id)
+    assert run.status == "succeeded", run.error
+    first, second, counted = tool_results(run)
+    assert first["exit_code"] == 0 and first["stdout"].strip() != "0"  # not root in the jail
+    assert second["stdout"].startswith("one two three\n")  # the file from the turn before
+    assert "No such file" in second["stdout"]  # the host's tree is not in the jail
+    assert counted["stdout"].strip() == "3"
+
+
+def test_a_tool_that_keeps_failing_is_an_answer_the_model_reads_not_a_failed_run(model, webhook):
+    a = define("poster", tools=[POST])
+    model.script({a: [{"tool_calls": [post("{{input.url}}", n=1)]}, {"content": "{{tool.post.error}}"}]})
+    webhook.configure("failing_next", 3)
+    run = finished(start(a, input={"url": webhook.url}).id)
+    assert run.status == "succeeded", run.error
+    assert run.result["content"].startswith("the call failed, 3 attempts:")
+    assert list(webhook.state()["deliveries_by_key"].values()) == [3]  # one call, tried 3 times
