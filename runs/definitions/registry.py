@@ -12,7 +12,7 @@ from runs.agents import Agent
 from .limits import limits_effective
 from .models import AgentDefinition
 from .runner import runner_agent
-from .selectors import definition_find, definitions_all
+from .selectors import agent_limits_tenant, definition_find, definitions_all
 from .spec import definition_parse
 
 CACHE_SIZE = 2048
@@ -24,10 +24,10 @@ def _in_a_tenant() -> bool:
     return connection.schema_name not in ("", "public")
 
 
-def agent_of(row: AgentDefinition) -> Agent:
+def agent_of(row: AgentDefinition, tenant_defaults: dict | None = None) -> Agent:
     """The runnable agent for one stored version (cached: a version never changes; its
     effective limits, which a changed default may move, are part of the key)."""
-    limits = limits_effective(row.spec.get("limits") or {})
+    limits = limits_effective(row.spec.get("limits") or {}, tenant_defaults)
     key = (connection.schema_name, row.name, row.version, row.spec_hash,
            json.dumps(limits, sort_keys=True))
     with _lock:
@@ -47,10 +47,11 @@ def tenant_agent_get(name: str, version: int | None) -> Agent | None:
     if not _in_a_tenant():
         return None
     row = definition_find(name=name, version=version)
-    return None if row is None else agent_of(row)
+    return None if row is None else agent_of(row, agent_limits_tenant())
 
 
 def tenant_agents_all() -> list[Agent]:
     if not _in_a_tenant():
         return []
-    return [agent_of(row) for row in definitions_all()]
+    defaults = agent_limits_tenant()
+    return [agent_of(row, defaults) for row in definitions_all()]
