@@ -97,7 +97,8 @@ def turn(ctx, state):
                     f"{turns} turns without giving a final answer")
     history = list(ctx.log(MESSAGES))
     opening = [] if history else [{"role": "user", "content": _input_message(ctx.input)}]
-    messages = [{"role": "system", "content": definition.instructions}, *history, *opening]
+    messages = [{"role": "system", "content": definition.instructions},
+                *(_message_wire(message) for message in history), *opening]
     options = {"tools": [tool.function for tool in definition.tools]} if definition.tools else {}
     if definition.model.temperature is not None:
         options["temperature"] = definition.model.temperature
@@ -389,6 +390,14 @@ def _call_read(raw: dict) -> dict:
 def _call_kept(call: dict) -> dict:
     """A call as the small state holds it until answered (its wire text is in the log)."""
     return {key: value for key, value in call.items() if key != "raw_arguments"}
+
+
+def _message_wire(message: dict) -> dict:
+    """A logged message as the provider takes it: a tool result's `name` is the log's (for
+    people reading the conversation), not part of Chat Completions' tool message."""
+    if message.get("role") == "tool":
+        return {key: value for key, value in message.items() if key != "name"}
+    return message
 
 
 def _call_wire(call: dict) -> dict:
