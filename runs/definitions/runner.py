@@ -48,7 +48,9 @@ from runs.transitions import FanOut, WaitForApproval, WaitForEvent, fail, finish
 from .limits import limits_effective
 from .spec import Definition, Tool
 
-RUNNER_VERSION = 2  # part of every tenant agent's topology: a new runner is new code
+# The runner's revision. A run pins the runner's step graph and the spec (Agent.topology), not
+# this: a change of meaning that keeps the steps is not detected on resume.
+RUNNER_VERSION = 2
 MESSAGES = "messages"
 MAX_CALLS_PER_REPLY = 16  # more in one reply are answered with an error, not run
 MAX_ARGUMENT_CHARS = 12_000  # one call's arguments as JSON; longer ones are refused
