@@ -18,6 +18,7 @@ never made again. A call whose answer was lost is safe to repeat (`safe_to_repea
 again, and never put to a person.
 """
 
+import hashlib
 import json
 from decimal import Decimal
 from typing import Any
@@ -51,6 +52,18 @@ class ModelConnector(Connector):
         if not problem and secrets.get("api_format", "openai") not in API_FORMATS:
             problem = f"'api_format' must be one of {', '.join(map(repr, API_FORMATS))}"
         return problem
+
+    def args_recorded(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The conversation is sent whole on every turn, and a run keeps it already (an agent's
+        log): storing it with each turn's effect would grow as the square of the run's length.
+        The ledger keeps its size and digest (the effect's args digest covers the whole)."""
+        summary = dict(args)
+        for name in ("messages", "tools"):
+            if isinstance(args.get(name), list):
+                text = json.dumps(args[name], sort_keys=True, default=str)
+                summary[name] = {"count": len(args[name]),
+                                 "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return summary
 
     def execute(self, call: Call) -> dict[str, Any]:
         args = call.args

@@ -262,6 +262,11 @@ RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+# Tenant-defined agents (runs/definitions/limits.py): the limits a definition gets for every
+# key it leaves unset (max_turns, max_tokens, max_cost_usd, max_wall_seconds; a key set to null
+# here has no default). A tenant's own defaults, where set, come between the two.
+AGENT_DEFAULT_LIMITS = env.json("AGENT_DEFAULT_LIMITS", default={
+    "max_turns": 50, "max_tokens": 500_000, "max_cost_usd": 10.0, "max_wall_seconds": 3600.0})
 # A run claimed this many times without a new checkpoint (its step kills the worker: OOM,
 # segfault, os._exit) is parked for a person on its next claim; a branch fails.
 RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT = env.int("RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT", default=3)

@@ -2,16 +2,19 @@
 
 import pytest
 
+from integrations.scripted_model import server_start
+
 from .anthropic import FakeAnthropic
 from .mcp_process import McpServerProcess
 from .openai import FakeOpenAI
+from .scripted_model import ScriptedModelFixture
 from .slack import FakeSlack
 from .smtp import SMTPServer, free_port
 from .stripe import FakeStripe
 from .webhook import FakeWebhook
 
 __all__ = ["fake_anthropic", "fake_openai", "fake_slack", "fake_stripe", "fake_webhook", "mcp_server",
-           "mcp_server_process", "smtp_server"]
+           "mcp_server_process", "scripted_model", "smtp_server"]
 
 
 @pytest.fixture
@@ -71,3 +74,11 @@ def mcp_server(mcp_server_process):
         mcp_server_process.start()
     mcp_server_process.reset()
     return mcp_server_process
+
+
+@pytest.fixture
+def scripted_model():
+    """The scripted model server on a free port; give it a script with `.script({...})`."""
+    server = ScriptedModelFixture(server_start())
+    yield server
+    server.stop()
