@@ -23,6 +23,7 @@ from agentplatform import localprocs
 from agentplatform.s3 import s3_client
 from tenants.models import Tenant
 from tenants.services import tenant_create
+from tests.settings import SLOT
 from tests.support.api import api_client
 from tests.support.waiting import wait_for
 
@@ -91,7 +92,7 @@ def globex_api():
     return api_client(os.environ["TEST_GLOBEX_KEY"])
 
 
-LOGS = ROOT / ".dev" / "test-logs"
+LOGS = ROOT / ".dev" / "test-logs" / f"slot{SLOT}"  # two shards' "worker.log" never mix
 
 
 def Worker(name: str, concurrency: int = 1) -> localprocs.Worker:  # noqa: N802

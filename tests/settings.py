@@ -7,8 +7,16 @@ import base64
 import os
 import secrets
 
-# TEST_SLOT (0-7) lets several checkouts run their suites at once on one machine.
+# TEST_SLOT (0-7) lets several checkouts run their suites at once on one machine. The full
+# suite's second shard (pytest-xdist worker gw1, see deploy/dev test) takes slot 8 + TEST_SLOT;
+# the worker processes it starts inherit the slot it resolved, not the shard's name.
 SLOT = int(os.environ.get("TEST_SLOT", "0"))
+_SHARD = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+if os.environ.get("TEST_SLOT_SHARD", "gw0") != _SHARD:  # a shard's own processes: resolved
+    SLOT = 8 + SLOT + int(_SHARD.removeprefix("gw")) - 1
+    if SLOT > 14:  # redis db 15 - SLOT; db 0 is the developer's own
+        raise RuntimeError(f"test slot {SLOT} is out of range: use TEST_SLOT 0-5 with two shards")
+os.environ["TEST_SLOT"], os.environ["TEST_SLOT_SHARD"] = str(SLOT), _SHARD
 # Assigned, not defaulted: a developer's DATABASE_URL must never be the one the tests drop.
 os.environ["DATABASE_URL"] = os.environ.get(
     "TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/agentplatform{SLOT or ''}_test"
@@ -44,7 +52,8 @@ for name, value in {"RUN_LEASE_SECONDS": "3", "RUN_HEARTBEAT_SECONDS": "0.5",
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("AGENT_MODULES",
-                      "agents,tests.support.agents,tests.support.sandbox_agents,tests.support.engine_agents")
+                      "agents,tests.support.agents,tests.support.sandbox_agents,tests.support.engine_agents,"
+                      "tests.support.mcp_agents")
 os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
 os.environ.setdefault("SANDBOX_WORKSPACE_ROOT", os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".dev", f"test-workspaces{SLOT}"))

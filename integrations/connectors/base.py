@@ -69,6 +69,11 @@ class Connector:
     def execute(self, call: Call) -> dict[str, Any]:
         raise NotImplementedError
 
+    def args_recorded(self, args: dict[str, Any]) -> dict[str, Any]:
+        """What the ledger stores of a call's arguments (its digest still covers all of them):
+        a connector whose arguments repeat what the run stores elsewhere keeps a summary."""
+        return args
+
     def lookup(self, call: Call) -> Found | Lookup:
         """For receivers that ignore keys: did an earlier attempt of this call arrive?"""
         return Lookup.UNKNOWN
@@ -82,7 +87,7 @@ def connector_register(connector: Connector) -> Connector:
     return connector
 
 
-BUILTIN = ("email", "slack", "webhook", "payments", "model")
+BUILTIN = ("email", "slack", "webhook", "payments", "model", "mcp")
 
 
 def connector_get(name: str) -> Connector:

@@ -1,10 +1,16 @@
-"""Model calls through an OpenAI-compatible `POST {base_url}/chat/completions`.
+"""Model calls, in the wire format the tenant's credential names (`api_format`):
 
-args: model, messages, and optionally max_tokens, temperature, top_p, stop, seed, tools,
-tool_choice, response_format (passed through as the provider documents them).
-credentials: api_key, optionally base_url (else OPENAI_BASE_URL).
+- "openai" (the default): an OpenAI-compatible `POST {base_url}/chat/completions`;
+- "anthropic": Anthropic's Messages API, `POST {base_url}/v1/messages` (anthropic_messages.py
+  translates the conversation there and the answer back).
+
+args (Chat Completions shape, whatever the provider): model, messages, and optionally
+max_tokens, temperature, top_p, stop, seed, tools, tool_choice, response_format.
+credentials: api_key, optionally base_url (else OPENAI_BASE_URL or ANTHROPIC_BASE_URL) and
+api_format.
 result: {"id", "model", "content", "finish_reason", "tool_calls" (only when the model called
-tools), "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}, "cost_usd"}.
+tools, Chat Completions shape with JSON-string arguments), "usage": {"prompt_tokens",
+"completion_tokens", "total_tokens"}, "cost_usd"}.
 
 The key is sent as Idempotency-Key, but providers promise nothing about it, so the connector
 declares that it does not honour keys: the ledger records the answer, and a recorded call is
@@ -12,18 +18,20 @@ never made again. A call whose answer was lost is safe to repeat (`safe_to_repea
 again, and never put to a person.
 """
 
+import hashlib
 import json
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 
-from . import transport
+from . import anthropic_messages, transport
 from .base import Call, Connector, ConnectorError, connector_register
 
 OPTIONAL = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "tools",
             "tool_choice", "response_format", "user")
 RETRYABLE_STATUS = {408, 409, 429}
+API_FORMATS = ("openai", "anthropic")
 
 
 def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
@@ -36,8 +44,26 @@ def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
 class ModelConnector(Connector):
     name = "model"
     honours_idempotency_key = False
-    credential_strings = ("api_key", "base_url")
+    credential_strings = ("api_key", "base_url", "api_format")
     safe_to_repeat = True  # a second answer costs tokens, not a second act in the world
+
+    def credential_problem(self, secrets: dict[str, Any]) -> str:
+        problem = super().credential_problem(secrets)
+        if not problem and secrets.get("api_format", "openai") not in API_FORMATS:
+            problem = f"'api_format' must be one of {', '.join(map(repr, API_FORMATS))}"
+        return problem
+
+    def args_recorded(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The conversation is sent whole on every turn, and a run keeps it already (an agent's
+        log): storing it with each turn's effect would grow as the square of the run's length.
+        The ledger keeps its size and digest (the effect's args digest covers the whole)."""
+        summary = dict(args)
+        for name in ("messages", "tools"):
+            if isinstance(args.get(name), list):
+                text = json.dumps(args[name], sort_keys=True, default=str)
+                summary[name] = {"count": len(args[name]),
+                                 "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return summary
 
     def execute(self, call: Call) -> dict[str, Any]:
         args = call.args
@@ -48,6 +74,12 @@ class ModelConnector(Connector):
         api_key = call.credentials.get("api_key")
         if not api_key:
             raise ConnectorError("model: no api_key in the tenant's model credential", retryable=False)
+        problem = self.credential_problem(call.credentials)  # one stored before the check
+        if problem:
+            raise ConnectorError(f"model: the tenant's model credential is invalid: {problem}",
+                                 retryable=False)
+        if call.credentials.get("api_format") == "anthropic":
+            return self._anthropic(call, api_key)
         body = {"model": args["model"], "messages": args["messages"],
                 **{key: args[key] for key in OPTIONAL if key in args}}
         tenant_url = call.credentials.get("base_url")
@@ -85,6 +117,32 @@ class ModelConnector(Connector):
         }
         if message.get("tool_calls"):
             result["tool_calls"] = message["tool_calls"]
+        return result
+
+    def _anthropic(self, call: Call, api_key: str) -> dict[str, Any]:
+        """One Messages API call: the conversation translated there, the answer back."""
+        args = call.args
+        body = anthropic_messages.request_body(args, max_tokens_default=settings.ANTHROPIC_MAX_TOKENS_DEFAULT)
+        tenant_url = call.credentials.get("base_url")
+        base = (tenant_url or settings.ANTHROPIC_BASE_URL).rstrip("/")
+        response = transport.request(
+            "POST", f"{base}/v1/messages", body=json.dumps(body).encode(), receiver="model",
+            operator=not tenant_url,
+            headers={"x-api-key": api_key, "anthropic-version": anthropic_messages.VERSION,
+                     "Content-Type": "application/json", "Idempotency-Key": call.idempotency_key})
+        answer = response.json()
+        if response.status >= 400 or not isinstance(answer, dict):
+            error = answer.get("error") if isinstance(answer, dict) else None
+            detail = error.get("message") if isinstance(error, dict) else None
+            # 529 is Anthropic's "overloaded": a 5xx like the others, tried again
+            raise ConnectorError(
+                f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
+                + response.retry_after(),
+                retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
+                sent=response.status >= 500)
+        result = anthropic_messages.answer_result(answer, model=args["model"])
+        usage = result["usage"]
+        result["cost_usd"] = cost_usd(args["model"], usage["prompt_tokens"], usage["completion_tokens"])
         return result
 
 

@@ -262,6 +262,11 @@ RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
+# Tenant-defined agents (runs/definitions/limits.py): the limits a definition gets for every
+# key it leaves unset (max_turns, max_tokens, max_cost_usd, max_wall_seconds; a key set to null
+# here has no default). A tenant's own defaults, where set, come between the two.
+AGENT_DEFAULT_LIMITS = env.json("AGENT_DEFAULT_LIMITS", default={
+    "max_turns": 50, "max_tokens": 500_000, "max_cost_usd": 10.0, "max_wall_seconds": 3600.0})
 # A run claimed this many times without a new checkpoint (its step kills the worker: OOM,
 # segfault, os._exit) is parked for a person on its next claim; a branch fails.
 RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT = env.int("RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT", default=3)
@@ -345,14 +350,22 @@ SLACK_API_URL = env("SLACK_API_URL", default="https://slack.com/api")
 # Reconciling a Slack message: how far back, and how many history pages, to search for its key.
 SLACK_LOOKUP_WINDOW_SECONDS = env.float("SLACK_LOOKUP_WINDOW_SECONDS", default=7 * 24 * 3600.0)
 SLACK_LOOKUP_MAX_PAGES = env.int("SLACK_LOOKUP_MAX_PAGES", default=10)
+# One MCP tool call, session and all (connect, initialize, the call, its answer)
+MCP_TIMEOUT_SECONDS = env.float("MCP_TIMEOUT_SECONDS", default=CONNECTOR_TIMEOUT_SECONDS)
 STRIPE_API_URL = env("STRIPE_API_URL", default="https://api.stripe.com")
 OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="https://api.openai.com/v1")
+# for model credentials with api_format "anthropic" and no base_url of their own
+ANTHROPIC_BASE_URL = env("ANTHROPIC_BASE_URL", default="https://api.anthropic.com")
+# Anthropic requires max_tokens; used when a call gives none
+ANTHROPIC_MAX_TOKENS_DEFAULT = env.int("ANTHROPIC_MAX_TOKENS_DEFAULT", default=4096)
 # USD per 1,000 tokens, (input, output), by model; MODEL_PRICE_DEFAULT for any other model.
 MODEL_PRICES = {name: tuple(price) for name, price in env.json("MODEL_PRICES", default={
     "gpt-4o": [0.0025, 0.01],
     "gpt-4o-mini": [0.00015, 0.0006],
     "gpt-4.1": [0.002, 0.008],
     "gpt-4.1-mini": [0.0004, 0.0016],
+    "claude-sonnet-4-5": [0.003, 0.015],
+    "claude-haiku-4-5": [0.001, 0.005],
 }).items()}
 MODEL_PRICE_DEFAULT = tuple(env.json("MODEL_PRICE_DEFAULT", default=[0.01, 0.03]))
 
@@ -389,4 +402,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["secrets"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    # the MCP client logs every request's URL and session id at INFO: a tenant's, not ours
+    "loggers": {name: {"level": "WARNING"} for name in ("httpx2", "httpcore2", "mcp")},
 }

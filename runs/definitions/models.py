@@ -22,3 +22,19 @@ class AgentDefinition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+
+class AgentLimitDefaults(models.Model):
+    """The tenant's defaults for its agents' limits (at most one row; none: the platform's
+    AGENT_DEFAULT_LIMITS). A definition's own limits win over these (limits.limits_effective)."""
+
+    one = models.BooleanField(default=True, unique=True)  # the row, alone in its schema
+    limits = models.JSONField(default=dict)  # spec.LIMITS keys, checked by agent_limits_set
+    updated_by = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(one=True), name="agent_limit_defaults_one")]
+
+    def __str__(self) -> str:
+        return f"agent limit defaults {self.limits}"

@@ -1,6 +1,7 @@
 """The current tenant's definitions as agents the engine can run (`runs.agents.TenantAgents`,
 wired by the composition root): each version becomes an `Agent` with the runner's steps."""
 
+import json
 import threading
 from collections import OrderedDict
 
@@ -8,13 +9,14 @@ from django.db import connection
 
 from runs.agents import Agent
 
+from .limits import limits_effective
 from .models import AgentDefinition
 from .runner import runner_agent
-from .selectors import definition_find, definitions_all
+from .selectors import agent_limits_tenant, definition_find, definitions_all
 from .spec import definition_parse
 
 CACHE_SIZE = 2048
-_cache: OrderedDict[tuple[str, str, int, str], Agent] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, int, str, str], Agent] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -22,15 +24,18 @@ def _in_a_tenant() -> bool:
     return connection.schema_name not in ("", "public")
 
 
-def agent_of(row: AgentDefinition) -> Agent:
-    """The runnable agent for one stored version (cached: a version never changes)."""
-    key = (connection.schema_name, row.name, row.version, row.spec_hash)
+def agent_of(row: AgentDefinition, tenant_defaults: dict | None = None) -> Agent:
+    """The runnable agent for one stored version (cached: a version never changes; its
+    effective limits, which a changed default may move, are part of the key)."""
+    limits = limits_effective(row.spec.get("limits") or {}, tenant_defaults)
+    key = (connection.schema_name, row.name, row.version, row.spec_hash,
+           json.dumps(limits, sort_keys=True))
     with _lock:
         agent = _cache.get(key)
         if agent is not None:
             _cache.move_to_end(key)
             return agent
-    agent = runner_agent(definition_parse(row.name, row.spec), version=row.version)
+    agent = runner_agent(definition_parse(row.name, row.spec), version=row.version, limits=limits)
     with _lock:
         _cache[key] = agent
         while len(_cache) > CACHE_SIZE:
@@ -42,10 +47,11 @@ def tenant_agent_get(name: str, version: int | None) -> Agent | None:
     if not _in_a_tenant():
         return None
     row = definition_find(name=name, version=version)
-    return None if row is None else agent_of(row)
+    return None if row is None else agent_of(row, agent_limits_tenant())
 
 
 def tenant_agents_all() -> list[Agent]:
     if not _in_a_tenant():
         return []
-    return [agent_of(row) for row in definitions_all()]
+    defaults = agent_limits_tenant()
+    return [agent_of(row, defaults) for row in definitions_all()]

@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from .models import AgentDefinition
+from .models import AgentDefinition, AgentLimitDefaults
 
 
 def definition_versions(*, name: str) -> QuerySet[AgentDefinition]:
@@ -26,3 +26,9 @@ def definitions_latest() -> list[AgentDefinition]:
 
 def definitions_all() -> QuerySet[AgentDefinition]:
     return AgentDefinition.objects.order_by("name", "version")
+
+
+def agent_limits_tenant() -> dict:
+    """This tenant's defaults for its agents' limits ({}: none, the platform's apply)."""
+    row = AgentLimitDefaults.objects.filter(one=True).values_list("limits", flat=True).first()
+    return dict(row or {})

@@ -11,7 +11,8 @@ from agentplatform.errors import ServiceError
 from integrations.selectors import credential_list
 from runs.agents import registry
 
-from .models import AgentDefinition
+from .limits import limits_problems
+from .models import AgentDefinition, AgentLimitDefaults
 from .selectors import definition_versions
 from .spec import Definition, DefinitionInvalid, definition_parse
 
@@ -56,6 +57,19 @@ def definition_update(*, name: str, spec: Any, by: str = "") -> AgentDefinition:
 def definition_retire(*, name: str, by: str = "") -> int:
     """Stop new runs of every version; runs already started finish on theirs."""
     return definition_versions(name=name).filter(retired_at__isnull=True).update(retired_at=timezone.now())
+
+
+def agent_limits_set(*, limits: Any, by: str = "") -> dict:
+    """Set this tenant's defaults for its agents' limits (replacing the last ones; a key left
+    out or null has none of the tenant's: the platform's applies). Runs that started keep the
+    limits they started with; a definition's own limits still win. Returns what is stored."""
+    problems = limits_problems(limits)
+    if problems:
+        first = next(iter(problems.items()))
+        raise DefinitionError("invalid_limits", f"{first[0]}: {first[1][0]}", problems)
+    stored = {key: value for key, value in limits.items() if value is not None}
+    AgentLimitDefaults.objects.update_or_create(one=True, defaults={"limits": stored, "updated_by": by})
+    return stored
 
 
 def _insert(definition: Definition, *, version: int, by: str) -> AgentDefinition:

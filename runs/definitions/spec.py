@@ -365,7 +365,7 @@ def _tool(errors, path, item, credentials) -> Tool | None:
             errors.add(f"{path}.command", "must be a non-empty script of at most 20000 characters")
         options = {"language": language}
         if command is not None:
-            options["command"] = command  # fixed: the model's arguments reach it as JSON on stdin
+            options["command"] = command  # fixed: the model's arguments reach it as .tool/arguments.json
         else:
             default_parameters = SANDBOX_PARAMETERS
     elif kind == "wait_for_event":

@@ -83,8 +83,8 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     if effect is None:
         if budget_check:
             budget_check()
-        effect = _effect_insert(scope=scope, name=name, connector=connector, args=args,
-                                digest=digest, schema=schema)
+        effect = _effect_insert(scope=scope, name=name, connector=connector,
+                                args=receiver.args_recorded(args), digest=digest, schema=schema)
     elif effect.args_hash != digest or effect.connector != connector:
         raise EffectRefused(
             f"effect {name!r} was already recorded in this step with different arguments; "
@@ -141,7 +141,8 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
 def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, digest: str,
                    schema: str) -> Effect:
     """Commit the pending row, only while our lease holds (a zombie worker acts on nothing):
-    one statement, joined to the fence."""
+    one statement, joined to the fence. `args`: what the connector keeps of them
+    (`args_recorded`); `digest` covers them whole."""
 
     key = idempotency_key(schema=schema, run_id=scope.run_id, scope=scope.key, name=name)
     fence, fence_params = _fence(scope)

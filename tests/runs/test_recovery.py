@@ -96,6 +96,7 @@ def pg_restart():
                    check=True, capture_output=True, timeout=120)
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not os.path.isdir("/etc/postgresql"), reason="needs a local cluster")
 def test_runs_complete_when_postgres_restarts_mid_batch(acme, worker, start_worker):
     start_worker("extra")

@@ -11,11 +11,12 @@ from pathlib import Path
 import requests
 from django.conf import settings
 
+from tests.settings import SLOT
 from tests.support.fakes.smtp import free_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-LOGS = ROOT / ".dev" / "test-logs"
+LOGS = ROOT / ".dev" / "test-logs" / f"slot{SLOT}"
 
 
 class LiveServer:
