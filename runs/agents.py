@@ -88,6 +88,9 @@ class Agent:
     # A tenant-defined agent: its parsed definition (runs/definitions). Such an agent lives in
     # one tenant's schema, so it is never put in the process-wide registry.
     definition: Any = None
+    # More of what the agent's code is, pinned with its topology (a tenant agent: its
+    # definition's hash and the runner's version): a run started on other pins is refused.
+    pins: dict | None = None
     steps: dict[str, Step] = field(default_factory=dict, init=False)
     start: str | None = field(default=None, init=False)
 
@@ -138,8 +141,7 @@ class Agent:
             "logs": sorted(self.logs),
             "steps": {name: sorted(step.next) for name, step in sorted(self.steps.items())},
         }
-        if self.definition is not None:  # a changed definition is other code
-            topology["definition"] = self.definition.spec_hash
+        topology.update(self.pins or {})
         return topology
 
     @property

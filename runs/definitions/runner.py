@@ -74,6 +74,7 @@ def runner_agent(definition: Definition, *, version: int, limits: dict | None = 
     agent = Agent(definition.name, version=version, logs=[MESSAGES], description=definition.description,
                   input_schema=definition.input_schema, input_example=definition.input_example,
                   limits=run_limits, definition=definition,
+                  pins={"definition": definition.spec_hash, "runner": RUNNER_VERSION},
                   # a model turn that fails (a 5xx, a timeout) is tried again, then the run fails
                   retry=RetryPolicy(max_attempts=3, initial_backoff=1.0, max_backoff=10.0))
     everything = list(STEPS)
