@@ -23,7 +23,7 @@ from agentplatform.api_errors import ApiError
 from tenants.models import Scope
 
 from . import services
-from .agents import registry
+from .definitions.selectors import definition_retired
 from .models import Run
 from .selectors import WAITING_FOR, checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
@@ -69,18 +69,6 @@ class RunFilterSerializer(serializers.Serializer):
         "Waiting runs that wait for any of: approval, event, timer, child (comma-separated)."))
 
 
-class AgentSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    version = serializers.IntegerField()
-    description = serializers.CharField()
-    topology_hash = serializers.CharField()
-    steps = serializers.DictField(help_text="Each step and the steps it may go to.")
-
-
-class AgentListSerializer(serializers.Serializer):
-    results = AgentSerializer(many=True)
-
-
 class InOrder(ValidatedCursorPagination):
     ordering = "id"
     page_size = 100
@@ -112,8 +100,12 @@ class RunListCreate(generics.ListAPIView):
     @extend_schema(
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer,
-                   404: error("`unknown_agent`: no such agent (or version) is registered."),
-                   409: error("`idempotency_key_reused` with a different body.")},
+                   400: error("`invalid_input`: the input does not match the agent's input schema (the "
+                   "message names each failing path, `$.invoice.amount: ...`)."),
+        404: error("`unknown_agent`: no such agent (or version) is registered, or defined in "
+                   "this tenant."),
+        409: error("`idempotency_key_reused` with a different body; `agent_retired`: the "
+                   "tenant retired this agent (DELETE /agents/{name}).")},
         parameters=[OpenApiParameter(
             "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
             description="The same key returns the same run (200).",
@@ -128,6 +120,9 @@ class RunListCreate(generics.ListAPIView):
         if key and not IDEMPOTENCY_KEY.fullmatch(key):  # a NUL would be a 500 at the insert
             raise ApiError("invalid_idempotency_key",
                            "Idempotency-Key must be printable ASCII (space to ~)")
+        agent, version = body.validated_data["agent"], body.validated_data.get("version")
+        if definition_retired(name=agent, version=version):  # its runs finish; no new ones
+            raise ApiError("agent_retired", f"the agent {agent!r} is retired: it starts no new runs")
         started = services.run_start(idempotency_key=key, by=f"api:{request.user.api_key.name}",
                                      **body.validated_data)
         return Response(RunSerializer(started.run).data,
@@ -221,14 +216,3 @@ class CheckpointState(APIView):
         run_or_404(run_id)
         return Response(services.checkpoint_state(run_id=run_id, visit=visit))
 
-
-class AgentList(APIView):
-    required_scopes = {"GET": Scope.RUNS_READ}
-
-    @extend_schema(responses={200: AgentListSerializer})
-    def get(self, request):
-        return Response({"results": [
-            {"name": a.name, "version": a.version, "description": a.description,
-             "topology_hash": a.topology_hash, "steps": a.topology["steps"]}
-            for a in registry.all()
-        ]})

@@ -1,6 +1,8 @@
 """The current tenant's definitions as agents the engine can run (`runs.agents.TenantAgents`,
 wired by the composition root): each version becomes an `Agent` with the runner's steps."""
 
+import dataclasses
+import json
 import threading
 from collections import OrderedDict
 
@@ -10,11 +12,11 @@ from runs.agents import Agent
 
 from .models import AgentDefinition
 from .runner import runner_agent
-from .selectors import definition_find, definitions_all
-from .spec import definition_parse
+from .selectors import agent_limits_default, definition_find, definitions_all
+from .spec import Definition, definition_parse
 
 CACHE_SIZE = 2048
-_cache: OrderedDict[tuple[str, str, int, str], Agent] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, int, str, str], Agent] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -22,15 +24,25 @@ def _in_a_tenant() -> bool:
     return connection.schema_name not in ("", "public")
 
 
-def agent_of(row: AgentDefinition) -> Agent:
-    """The runnable agent for one stored version (cached: a version never changes)."""
-    key = (connection.schema_name, row.name, row.version, row.spec_hash)
+def limits_defaulted(definition: Definition, defaults: dict) -> Definition:
+    """The definition with the limits it leaves out taken from `defaults` (the tenant's, then the
+    platform's). Its spec and hash stay: a default is no change of code, so runs resume."""
+    return dataclasses.replace(definition, limits={**defaults, **definition.limits})
+
+
+def agent_of(row: AgentDefinition, defaults: dict | None = None) -> Agent:
+    """The runnable agent for one stored version (cached: a version never changes; the default
+    limits it runs with may, so they are part of the key)."""
+    defaults = agent_limits_default() if defaults is None else defaults
+    key = (connection.schema_name, row.name, row.version, row.spec_hash,
+           json.dumps(defaults, sort_keys=True))
     with _lock:
         agent = _cache.get(key)
         if agent is not None:
             _cache.move_to_end(key)
             return agent
-    agent = runner_agent(definition_parse(row.name, row.spec), version=row.version)
+    agent = runner_agent(limits_defaulted(definition_parse(row.name, row.spec), defaults),
+                         version=row.version)
     with _lock:
         _cache[key] = agent
         while len(_cache) > CACHE_SIZE:
@@ -48,4 +60,5 @@ def tenant_agent_get(name: str, version: int | None) -> Agent | None:
 def tenant_agents_all() -> list[Agent]:
     if not _in_a_tenant():
         return []
-    return [agent_of(row) for row in definitions_all()]
+    defaults = agent_limits_default()
+    return [agent_of(row, defaults) for row in definitions_all()]

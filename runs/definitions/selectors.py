@@ -1,8 +1,10 @@
 """Reading tenant-defined agents (current tenant's schema)."""
 
+from django.conf import settings
 from django.db.models import QuerySet
 
-from .models import AgentDefinition
+from .models import AgentDefinition, AgentLimits
+from .spec import LIMITS
 
 
 def definition_versions(*, name: str) -> QuerySet[AgentDefinition]:
@@ -18,6 +20,14 @@ def definition_find(*, name: str, version: int | None = None) -> AgentDefinition
     return versions.filter(version=version).first()
 
 
+def definition_retired(*, name: str, version: int | None = None) -> bool:
+    """Whether this tenant defines `name` (that version, or any) and retired it: no new runs."""
+    versions = definition_versions(name=name)
+    if version is not None:
+        versions = versions.filter(version=version)
+    return versions.exists() and not versions.filter(retired_at__isnull=True).exists()
+
+
 def definitions_latest() -> list[AgentDefinition]:
     """The newest version of each definition that is not retired, by name."""
     rows = AgentDefinition.objects.filter(retired_at__isnull=True).order_by("name", "-version")
@@ -26,3 +36,22 @@ def definitions_latest() -> list[AgentDefinition]:
 
 def definitions_all() -> QuerySet[AgentDefinition]:
     return AgentDefinition.objects.order_by("name", "version")
+
+
+def agent_limits_tenant() -> dict:
+    """The limits this tenant set as defaults for its agents (only those it set)."""
+    row = AgentLimits.objects.filter(id=1).first()
+    if row is None:
+        return {}
+    return {key: getattr(row, key) for key in LIMITS if getattr(row, key) is not None}
+
+
+def agent_limits_platform() -> dict:
+    """The platform's defaults (settings.AGENT_DEFAULT_LIMITS; none where it is not set)."""
+    return {key: value for key, value in (getattr(settings, "AGENT_DEFAULT_LIMITS", None) or {}).items()
+            if key in LIMITS and value is not None}
+
+
+def agent_limits_default() -> dict:
+    """What a definition's absent limits become: the tenant's default, else the platform's."""
+    return {**agent_limits_platform(), **agent_limits_tenant()}

@@ -11,9 +11,9 @@ from agentplatform.errors import ServiceError
 from integrations.selectors import credential_list
 from runs.agents import registry
 
-from .models import AgentDefinition
-from .selectors import definition_versions
-from .spec import Definition, DefinitionInvalid, definition_parse
+from .models import AgentDefinition, AgentLimits
+from .selectors import agent_limits_tenant, definition_versions
+from .spec import LIMITS, MAX_TURNS, Definition, DefinitionInvalid, definition_parse
 
 
 class DefinitionError(ServiceError):
@@ -56,6 +56,34 @@ def definition_update(*, name: str, spec: Any, by: str = "") -> AgentDefinition:
 def definition_retire(*, name: str, by: str = "") -> int:
     """Stop new runs of every version; runs already started finish on theirs."""
     return definition_versions(name=name).filter(retired_at__isnull=True).update(retired_at=timezone.now())
+
+
+def agent_limits_set(*, limits: Any, by: str = "") -> dict:
+    """Replace the tenant's default limits (a limit left out or null: no tenant default, the
+    platform's applies). Checked as a definition's `limits` are (invalid_limits with fields)."""
+    fields: dict[str, list[str]] = {}
+    if not isinstance(limits, dict):
+        raise DefinitionError("invalid_limits", f"limits must be an object with any of {sorted(LIMITS)}",
+                              {"limits": ["must be an object"]})
+    for key, value in limits.items():
+        kind = LIMITS.get(key)
+        if kind is None:
+            fields.setdefault(key, []).append(f"unknown limit; known: {sorted(LIMITS)}")
+        elif value is None:
+            continue
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 \
+                or (kind is int and not isinstance(value, int)):
+            fields.setdefault(key, []).append(f"must be a positive {'integer' if kind is int else 'number'}")
+        elif key == "max_turns" and value > MAX_TURNS:
+            fields.setdefault(key, []).append(f"must be at most {MAX_TURNS}")
+        elif key == "max_tokens" and value > 2 ** 62:
+            fields.setdefault(key, []).append("is too large")
+    if fields:
+        first = next(iter(fields))
+        raise DefinitionError("invalid_limits", f"{first}: {fields[first][0]}", fields)
+    AgentLimits.objects.update_or_create(id=1, defaults={
+        **{key: limits.get(key) for key in LIMITS}, "updated_by": by})
+    return agent_limits_tenant()
 
 
 def _insert(definition: Definition, *, version: int, by: str) -> AgentDefinition:
