@@ -3,7 +3,7 @@ the tenant's own definitions listed together; a tenant's definitions created, ve
 retired through runs.definitions.services, whose errors (invalid_definition with `fields`) the
 API's one error handler answers. The tenant was selected by the API key."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +22,7 @@ from .selectors import (
     definition_versions,
     definitions_latest,
 )
-from .spec import LIMITS, MAX_TURNS
+from .spec import LIMIT_MAXIMUMS, LIMITS
 
 BY_API = "api:{}"
 
@@ -97,25 +97,31 @@ class AgentUpdateSerializer(serializers.Serializer):
     definition = serializers.DictField(help_text="The whole definition of the new version.")
 
 
-class LimitsSerializer(serializers.Serializer):
-    max_turns = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_TURNS)
-    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                          max_value=2 ** 62)
-    max_cost_usd = serializers.FloatField(required=False, allow_null=True, min_value=0.000001,
-                                          max_value=999_999)
-    max_wall_seconds = serializers.FloatField(required=False, allow_null=True, min_value=0.001,
-                                              max_value=10 ** 9)
+def _limit_schema(key: str) -> dict:
+    if LIMITS[key] is int:
+        return {"type": "integer", "minimum": 1, "maximum": LIMIT_MAXIMUMS[key], "nullable": True}
+    return {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": LIMIT_MAXIMUMS[key],
+            "nullable": True}
+
+
+LIMITS_SCHEMA = {"type": "object", "additionalProperties": False,
+                 "properties": {key: _limit_schema(key) for key in LIMITS}}
+
+
+@extend_schema_field(LIMITS_SCHEMA)
+class LimitsField(serializers.DictField):
+    """Limits by name (spec.LIMITS); checked by the service as a definition's are."""
 
 
 class AgentLimitsSerializer(serializers.Serializer):
-    tenant = LimitsSerializer(help_text="This tenant's defaults (only those it set).")
-    platform = LimitsSerializer(help_text="The platform's defaults (AGENT_DEFAULT_LIMITS).")
-    effective = LimitsSerializer(help_text=(
+    tenant = LimitsField(help_text="This tenant's defaults (only those it set).")
+    platform = LimitsField(help_text="The platform's defaults (AGENT_DEFAULT_LIMITS).")
+    effective = LimitsField(help_text=(
         "What a definition that sets no limit runs with: the tenant's, else the platform's."))
 
 
 class AgentLimitsUpdateSerializer(serializers.Serializer):
-    limits = LimitsSerializer(help_text="The tenant's defaults; a limit left out or null has none.")
+    limits = LimitsField(help_text="The tenant's defaults; a limit left out or null has none.")
 
 
 def _agent_json(agent: Agent, versions: list[int], row: AgentDefinition | None) -> dict:
@@ -283,16 +289,12 @@ class AgentLimitsDetail(APIView):
 
     @extend_schema(request=AgentLimitsUpdateSerializer, responses={
         200: AgentLimitsSerializer,
-        400: error("`invalid_request` (with `fields`): a limit that is not a positive number.")})
+        400: error("`invalid_limits`, with `fields` (`limits.max_turns`): an unknown limit, or one "
+                   "that is not a positive number within its maximum.")})
     def put(self, request):
         """Replace this tenant's defaults. Runs already started keep the limits they started with."""
         body = AgentLimitsUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        unknown = sorted(set(request.data["limits"]) - set(LIMITS))
-        if unknown:  # a misspelt limit must not quietly set none
-            raise ApiError("invalid_request", f"unknown limit: {', '.join(unknown)}",
-                           fields={"limits": {key: [f"unknown limit; known: {sorted(LIMITS)}"]
-                                              for key in unknown}})
-        limits = {key: body.validated_data["limits"].get(key) for key in LIMITS}
-        services.agent_limits_set(limits=limits, by=BY_API.format(request.user.api_key.name))
+        services.agent_limits_set(limits=body.validated_data["limits"],
+                                  by=BY_API.format(request.user.api_key.name))
         return Response(self._limits())

@@ -13,7 +13,7 @@ from runs.agents import registry
 
 from .models import AgentDefinition, AgentLimits
 from .selectors import agent_limits_tenant, definition_versions
-from .spec import LIMITS, MAX_TURNS, Definition, DefinitionInvalid, definition_parse
+from .spec import LIMIT_MAXIMUMS, LIMITS, Definition, DefinitionInvalid, definition_parse
 
 
 class DefinitionError(ServiceError):
@@ -60,24 +60,23 @@ def definition_retire(*, name: str, by: str = "") -> int:
 
 def agent_limits_set(*, limits: Any, by: str = "") -> dict:
     """Replace the tenant's default limits (a limit left out or null: no tenant default, the
-    platform's applies). Checked as a definition's `limits` are (invalid_limits with fields)."""
-    fields: dict[str, list[str]] = {}
+    platform's applies), checked as a definition's `limits` are: invalid_limits, with fields by
+    path (`limits.max_turns`)."""
     if not isinstance(limits, dict):
         raise DefinitionError("invalid_limits", f"limits must be an object with any of {sorted(LIMITS)}",
                               {"limits": ["must be an object"]})
+    fields: dict[str, list[str]] = {}
     for key, value in limits.items():
-        kind = LIMITS.get(key)
+        kind, path = LIMITS.get(key), f"limits.{key}"
         if kind is None:
-            fields.setdefault(key, []).append(f"unknown limit; known: {sorted(LIMITS)}")
+            fields[path] = [f"unknown limit; known: {sorted(LIMITS)}"]
         elif value is None:
             continue
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 \
                 or (kind is int and not isinstance(value, int)):
-            fields.setdefault(key, []).append(f"must be a positive {'integer' if kind is int else 'number'}")
-        elif key == "max_turns" and value > MAX_TURNS:
-            fields.setdefault(key, []).append(f"must be at most {MAX_TURNS}")
-        elif key == "max_tokens" and value > 2 ** 62:
-            fields.setdefault(key, []).append("is too large")
+            fields[path] = [f"must be a positive {'integer' if kind is int else 'number'}"]
+        elif value > LIMIT_MAXIMUMS[key]:
+            fields[path] = [f"must be at most {LIMIT_MAXIMUMS[key]}"]
     if fields:
         first = next(iter(fields))
         raise DefinitionError("invalid_limits", f"{first}: {fields[first][0]}", fields)

@@ -60,6 +60,10 @@ KINDS = ("connector", "sandbox", "wait_for_event", "wait_for_approval", "mcp")
 SANDBOX_LANGUAGES = ("bash", "python")
 RULE_OPERATORS = ("above", "at_least", "below", "equals", "in")
 LIMITS = {"max_turns": int, "max_tokens": int, "max_cost_usd": float, "max_wall_seconds": float}
+# What a run's columns hold (Run.max_cost_usd is numeric(12, 6), max_tokens a bigint): a larger
+# limit would be a database error at run_start, not a run.
+LIMIT_MAXIMUMS = {"max_turns": MAX_TURNS, "max_tokens": 10 ** 15, "max_cost_usd": 999_999,
+                  "max_wall_seconds": 10 * 366 * 86400}
 
 SANDBOX_PARAMETERS = {"type": "object", "required": ["script"], "additionalProperties": False,
                       "properties": {"script": {"type": "string", "description": "the script to run"}}}
@@ -463,8 +467,8 @@ def _limits(errors, data) -> dict:
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 \
                 or (kind is int and not isinstance(value, int)):
             errors.add(f"limits.{key}", "must be a positive " + ("integer" if kind is int else "number"))
-        elif key == "max_turns" and value > MAX_TURNS:
-            errors.add("limits.max_turns", f"must be at most {MAX_TURNS}")
+        elif value > LIMIT_MAXIMUMS[key]:
+            errors.add(f"limits.{key}", f"must be at most {LIMIT_MAXIMUMS[key]}")
         else:
             out[key] = value
     return out

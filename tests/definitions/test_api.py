@@ -198,7 +198,8 @@ INVALID = {
                                                                          "above": "a lot"})]},
     "rule with two operators": lambda label: {"tools": [_tool(label, approval={"argument": "amount",
                                                                                "above": 1, "below": 9})]},
-    "bad limits": lambda label: {"limits": {"max_turns": 0, "max_cost_usd": "5", "max_naps": 3}},
+    "bad limits": lambda label: {"limits": {"max_turns": 0, "max_cost_usd": "5", "max_naps": 3,
+                                            "max_tokens": 10 ** 20}},
     "oversize": lambda label: {"input_example": {"blob": "x" * (MAX_SPEC_BYTES + 1)}},
     "unknown field": lambda label: {"personality": "cheerful"},
 }
@@ -211,7 +212,7 @@ EXPECTED_PATHS = {
     "unknown model credential": {"model.credential"},
     "bad approval rule": {"tools[0].approval.above"},
     "rule with two operators": {"tools[0].approval"},
-    "bad limits": {"limits.max_turns", "limits.max_cost_usd", "limits.max_naps"},
+    "bad limits": {"limits.max_turns", "limits.max_cost_usd", "limits.max_naps", "limits.max_tokens"},
     "oversize": {"definition"},
     "unknown field": {"personality"},
 }
@@ -367,13 +368,15 @@ def test_limits_come_from_the_definition_then_the_tenant_then_the_platform(
         assert definition["max_tokens"] == 50 and definition["max_steps"] == 2 * STEPS_PER_TURN + 2
         assert float(definition["max_cost_usd"]) == 0.5
 
-        bad = acme_api.put("/api/v1/agent-limits", {"limits": {"max_turns": 0, "max_naps": 1}}, format="json")
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        bad = acme_api.put("/api/v1/agent-limits", {"limits": {"max_turns": 0, "max_naps": 1,
+                                                               "max_cost_usd": 10 ** 7}}, format="json")
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_limits"
+        assert bad.json()["error"]["fields"] == {
+            "limits.max_turns": ["must be a positive integer"],
+            "limits.max_naps": ["unknown limit; known: ['max_cost_usd', 'max_tokens', 'max_turns', "
+                                "'max_wall_seconds']"],
+            "limits.max_cost_usd": ["must be at most 999999"]}
         assert acme_api.get("/api/v1/agent-limits").json()["tenant"]["max_turns"] == 4
-        assert acme_api.put("/api/v1/agent-limits", {"limits": {"max_nap": 1}},
-                            format="json").json()["error"]["fields"] == {
-            "limits": {"max_nap": ["unknown limit; known: ['max_cost_usd', 'max_tokens', 'max_turns', "
-                                   "'max_wall_seconds']"]}}
     finally:  # acme is shared by the suite: its agents go back to the platform's defaults
         assert acme_api.put("/api/v1/agent-limits", {"limits": {}}, format="json").status_code == 200
     assert run_of(bare)["max_steps"] == 9 * STEPS_PER_TURN + 2
