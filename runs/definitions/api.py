@@ -22,7 +22,7 @@ from .selectors import (
     definition_versions,
     definitions_latest,
 )
-from .spec import LIMIT_MAXIMUMS, LIMITS
+from .spec import AGENT_NAME, LIMIT_MAXIMUMS, LIMITS
 
 BY_API = "api:{}"
 
@@ -153,10 +153,16 @@ def _not_platform(name: str) -> None:
                        "defined by this tenant and cannot be changed or retired here")
 
 
+def _no_such_agent(name: str) -> ApiError:
+    return ApiError("not_found", f"no agent named {name[:100]!r}")
+
+
 def _tenant_rows(name: str) -> list[AgentDefinition]:
+    if not AGENT_NAME.match(name):  # no definition has it (and a NUL would not reach PostgreSQL)
+        raise _no_such_agent(name)
     rows = list(definition_versions(name=name))
     if not rows:
-        raise ApiError("not_found", f"no agent named {name!r}")
+        raise _no_such_agent(name)
     return rows
 
 
@@ -236,6 +242,7 @@ class AgentDetail(APIView):
         definition the latest version already has makes none (`created`: false). A retired
         agent comes back with the new version."""
         _not_platform(name)
+        _tenant_rows(name)
         body = AgentUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         before = definition_versions(name=name).first()
@@ -267,7 +274,7 @@ class AgentVersionDetail(APIView):
             except UnknownAgent:
                 raise ApiError("not_found", f"{name!r} has no version {version}") from None
             return Response(_platform_version_json(agent))
-        row = definition_find(name=name, version=version)
+        row = definition_find(name=name, version=version) if AGENT_NAME.match(name) else None
         if row is None:
             raise ApiError("not_found", f"no agent named {name!r} with version {version}")
         return Response(_version_json(row, _tenant_agent(row)))

@@ -289,6 +289,12 @@ def test_another_tenant_cannot_see_run_change_or_reference_an_agent_or_its_crede
 
 # -- runs of tenant agents ---------------------------------------------------------------------
 
+def _cancel(api, *runs: dict) -> None:
+    """Runs only started to read how: none of them is left in line for a later test's worker."""
+    for run in runs:
+        assert api.post(f"/api/v1/runs/{run['id']}/cancel").status_code == 202
+
+
 def _advanced(run_id, *, until: str) -> Run:
     """Advance the run here (a worker of another test may hold it: then wait for that one)."""
     finished(run_id)
@@ -319,10 +325,11 @@ def test_a_run_through_the_api_pins_its_version_and_a_put_while_it_waits_leaves_
 
     v2 = _put(acme_api, name, _spec(labels, instructions="Never ask."))
     assert v2.json()["version"] == 2
-    assert acme_api.post("/api/v1/runs", {"agent": name, "input": INPUT}, format="json").json()[
-        "agent_version"] == 2
+    latest = acme_api.post("/api/v1/runs", {"agent": name, "input": INPUT}, format="json").json()
+    assert latest["agent_version"] == 2
     pinned = acme_api.post("/api/v1/runs", {"agent": name, "version": 1, "input": INPUT}, format="json")
     assert pinned.status_code == 201 and pinned.json()["agent_version"] == 1
+    _cancel(acme_api, latest, pinned.json())
     unknown = acme_api.post("/api/v1/runs", {"agent": name, "version": 9, "input": INPUT}, format="json")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_agent"
 
@@ -358,6 +365,7 @@ def test_limits_come_from_the_definition_then_the_tenant_then_the_platform(
         def run_of(agent):
             response = acme_api.post("/api/v1/runs", {"agent": agent, "input": INPUT}, format="json")
             assert response.status_code == 201, response.json()
+            _cancel(acme_api, response.json())
             return response.json()
 
         tenant_default = run_of(bare)
@@ -380,3 +388,11 @@ def test_limits_come_from_the_definition_then_the_tenant_then_the_platform(
     finally:  # acme is shared by the suite: its agents go back to the platform's defaults
         assert acme_api.put("/api/v1/agent-limits", {"limits": {}}, format="json").status_code == 200
     assert run_of(bare)["max_steps"] == 9 * STEPS_PER_TURN + 2
+
+
+def test_a_name_no_agent_can_have_is_no_such_agent(acme_api, labels):
+    for name in ("%00", "a%00b", "UPPER", "x" * 80):
+        assert acme_api.get(f"/api/v1/agents/{name}").status_code == 404
+        assert acme_api.get(f"/api/v1/agents/{name}/versions/1").status_code == 404
+        assert _put(acme_api, name, _spec(labels)).status_code == 404
+        assert acme_api.delete(f"/api/v1/agents/{name}").status_code == 404
