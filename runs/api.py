@@ -23,7 +23,6 @@ from agentplatform.api_errors import ApiError
 from tenants.models import Scope
 
 from . import services
-from .definitions.selectors import definition_retired
 from .models import Run
 from .selectors import WAITING_FOR, checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
@@ -120,9 +119,6 @@ class RunListCreate(generics.ListAPIView):
         if key and not IDEMPOTENCY_KEY.fullmatch(key):  # a NUL would be a 500 at the insert
             raise ApiError("invalid_idempotency_key",
                            "Idempotency-Key must be printable ASCII (space to ~)")
-        agent, version = body.validated_data["agent"], body.validated_data.get("version")
-        if definition_retired(name=agent, version=version):  # its runs finish; no new ones
-            raise ApiError("agent_retired", f"the agent {agent!r} is retired: it starts no new runs")
         started = services.run_start(idempotency_key=key, by=f"api:{request.user.api_key.name}",
                                      **body.validated_data)
         return Response(RunSerializer(started.run).data,

@@ -20,14 +20,6 @@ def definition_find(*, name: str, version: int | None = None) -> AgentDefinition
     return versions.filter(version=version).first()
 
 
-def definition_retired(*, name: str, version: int | None = None) -> bool:
-    """Whether this tenant defines `name` (that version, or any) and retired it: no new runs."""
-    versions = definition_versions(name=name)
-    if version is not None:
-        versions = versions.filter(version=version)
-    return versions.exists() and not versions.filter(retired_at__isnull=True).exists()
-
-
 def definitions_latest() -> list[AgentDefinition]:
     """The newest version of each definition that is not retired, by name."""
     rows = AgentDefinition.objects.filter(retired_at__isnull=True).order_by("name", "-version")
