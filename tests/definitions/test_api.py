@@ -3,6 +3,7 @@ beside the platform's; a bad definition is refused with the definition language'
 started through the API is pinned to its version; another tenant sees none of it."""
 
 import json
+import re
 import uuid
 
 import pytest
@@ -15,6 +16,7 @@ from runs.definitions.runner import STEPS_PER_TURN
 from runs.definitions.spec import MAX_SPEC_BYTES, DefinitionInvalid, definition_parse
 from runs.models import Run
 from tenants.services import api_key_create
+from tests.dashboard.conftest import person, signed_in
 from tests.support.api import api_client
 from tests.support.fakes import FakeServer
 from tests.support.runs import finished
@@ -396,3 +398,11 @@ def test_a_name_no_agent_can_have_is_no_such_agent(acme_api, labels):
         assert acme_api.get(f"/api/v1/agents/{name}/versions/1").status_code == 404
         assert _put(acme_api, name, _spec(labels)).status_code == 404
         assert acme_api.delete(f"/api/v1/agents/{name}").status_code == 404
+
+
+def test_the_dashboards_run_filter_offers_the_tenants_agents_beside_the_platforms(acme, acme_api, labels):
+    name = _created(acme_api, labels)
+    page = signed_in(person(acme, "viewer")).get("/t/acme/runs")
+    assert page.status_code == 200
+    offered = re.findall(r'<option value="([^"]+)"></option>', page.content.decode())
+    assert name in offered and "research" in offered
