@@ -23,7 +23,6 @@ from agentplatform.api_errors import ApiError
 from tenants.models import Scope
 
 from . import services
-from .agents import registry
 from .models import Run
 from .selectors import WAITING_FOR, checkpoint_list, run_event_list, run_list, run_or_404
 from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
@@ -69,18 +68,6 @@ class RunFilterSerializer(serializers.Serializer):
         "Waiting runs that wait for any of: approval, event, timer, child (comma-separated)."))
 
 
-class AgentSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    version = serializers.IntegerField()
-    description = serializers.CharField()
-    topology_hash = serializers.CharField()
-    steps = serializers.DictField(help_text="Each step and the steps it may go to.")
-
-
-class AgentListSerializer(serializers.Serializer):
-    results = AgentSerializer(many=True)
-
-
 class InOrder(ValidatedCursorPagination):
     ordering = "id"
     page_size = 100
@@ -112,8 +99,12 @@ class RunListCreate(generics.ListAPIView):
     @extend_schema(
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer,
-                   404: error("`unknown_agent`: no such agent (or version) is registered."),
-                   409: error("`idempotency_key_reused` with a different body.")},
+                   400: error("`invalid_input`: the input does not match the agent's input schema (the "
+                   "message names each failing path, `$.invoice.amount: ...`)."),
+        404: error("`unknown_agent`: no such agent (or version) is registered, or defined in "
+                   "this tenant."),
+        409: error("`idempotency_key_reused` with a different body; `agent_retired`: the "
+                   "tenant retired this agent (DELETE /agents/{name}).")},
         parameters=[OpenApiParameter(
             "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
             description="The same key returns the same run (200).",
@@ -221,14 +212,3 @@ class CheckpointState(APIView):
         run_or_404(run_id)
         return Response(services.checkpoint_state(run_id=run_id, visit=visit))
 
-
-class AgentList(APIView):
-    required_scopes = {"GET": Scope.RUNS_READ}
-
-    @extend_schema(responses={200: AgentListSerializer})
-    def get(self, request):
-        return Response({"results": [
-            {"name": a.name, "version": a.version, "description": a.description,
-             "topology_hash": a.topology_hash, "steps": a.topology["steps"]}
-            for a in registry.all()
-        ]})

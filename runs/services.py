@@ -7,13 +7,14 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
 from runs.approvals.models import Approval, EventGate
+from runs.definitions.models import AgentDefinition
 from runs.dispatch.models import Wakeup
 from runs.dispatch.services import dispatch_ready, ready_clear, ready_mark
 
@@ -62,7 +63,13 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
     try:
         definition = registry.get(agent, version)
     except UnknownAgent as exc:
+        if version is None and _retired(agent):
+            raise RunError("agent_retired", f"the agent {agent!r} is retired: it starts no new "
+                           "runs") from None
         raise RunError("unknown_agent", str(exc)) from None
+    if definition.kind == "tenant" and _retired(definition.name, definition.version):
+        raise RunError("agent_retired", f"{definition.name} v{definition.version} is retired: it starts "
+                       "no new runs (its runs still finish)")
     if durability not in Run.Durability.values:
         raise RunError("invalid_durability", f"durability must be one of {Run.Durability.values}")
     problems = definition.input_errors(input)
@@ -103,6 +110,15 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         return Started(_same_request(existing, agent, version, input, durability),
                        created=False)
     return Started(run, created=True)
+
+
+def _retired(name: str, version: int | None = None) -> bool:
+    """Whether the tenant retired its agent `name` (that version, or some version): a tenant's
+    definitions live in its schema, so outside one there are none."""
+    if connection.schema_name in ("", "public"):
+        return False
+    rows = AgentDefinition.objects.filter(name=name, retired_at__isnull=False)
+    return (rows if version is None else rows.filter(version=version)).exists()
 
 
 def _same_request(run: Run, agent: str, version: int | None, input: dict,

@@ -79,17 +79,19 @@ def fail(reason: str, update: dict | None = None, append: dict | None = None) ->
 
 
 def wait_for_approval(request: dict, *, then: str, timeout: timedelta | None = None,
-                      on_timeout: str | None = None, update: dict | None = None) -> WaitForApproval:
-    return WaitForApproval(request, then, timeout, on_timeout, update=update or {})
+                      on_timeout: str | None = None, update: dict | None = None,
+                      append: dict | None = None) -> WaitForApproval:
+    return WaitForApproval(request, then, timeout, on_timeout, update=update or {}, append=append or {})
 
 
 def wait_for_event(kind: str, key: str, *, then: str, timeout: timedelta | None = None,
                    on_timeout: str | None = None, since: datetime | None = None,
-                   update: dict | None = None) -> WaitForEvent:
+                   update: dict | None = None, append: dict | None = None) -> WaitForEvent:
     """Park until an event (kind, key) arrives. Only events received since the step began
     count, or since `since` (timezone-aware) if that is earlier: an old event never wakes a
     new wait."""
-    return WaitForEvent(kind, key, then, timeout, on_timeout, since, update=update or {})
+    return WaitForEvent(kind, key, then, timeout, on_timeout, since, update=update or {},
+                        append=append or {})
 
 
 def sleep(*, then: str, until: datetime | None = None, duration: timedelta | None = None,

@@ -56,6 +56,8 @@ class Scope(models.TextChoices):
     RUNS_WRITE = "runs:write"
     APPROVALS_DECIDE = "approvals:decide"
     EVENTS_WRITE = "events:write"
+    # Defining agents: a definition decides which of the tenant's credentials runs use.
+    AGENTS_WRITE = "agents:write"
     ADMIN = "admin"  # credentials, connections and keys
 
 

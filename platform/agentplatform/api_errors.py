@@ -64,6 +64,11 @@ SERVICE_ERROR_STATUS = {
     "step_missing": status.HTTP_409_CONFLICT,
     "outbox_not_unknown": status.HTTP_409_CONFLICT,
     "checkpoint_compacted": status.HTTP_409_CONFLICT,
+    # tenant-defined agents (invalid_definition, invalid_limits: 400 with fields)
+    "definition_exists": status.HTTP_409_CONFLICT,
+    "definition_conflict": status.HTTP_409_CONFLICT,
+    "agent_retired": status.HTTP_409_CONFLICT,
+    "platform_agent": status.HTTP_403_FORBIDDEN,  # the operator's: not the tenant's to change
 }
 
 
@@ -83,8 +88,8 @@ class ApiError(exceptions.APIException):
 
 
 def service_error(exc: ServiceError) -> ApiError:
-    """The API's answer to a service error."""
-    return ApiError(exc.code, exc.message)
+    """The API's answer to a service error (with `fields` where the service said where)."""
+    return ApiError(exc.code, exc.message, fields=getattr(exc, "fields", None) or None)
 
 
 def _code_for(exc: Exception) -> str:

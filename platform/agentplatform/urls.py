@@ -11,6 +11,7 @@ from integrations.webhooks import api as webhooks_api
 from integrations.webhooks import views as webhooks_views
 from runs import api as runs_api
 from runs.approvals import api as approvals_api
+from runs.definitions import api as definitions_api
 from runs.effects import api as effects_api
 from runs.retention import api as retention_api
 
@@ -19,7 +20,10 @@ api_v1 = [
          name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
                                                 permission_classes=[]), name="docs"),
-    path("agents", runs_api.AgentList.as_view()),
+    path("agents", definitions_api.AgentListCreate.as_view()),
+    path("agents/<str:name>", definitions_api.AgentDetail.as_view()),
+    path("agents/<str:name>/versions/<int:version>", definitions_api.AgentVersionDetail.as_view()),
+    path("agent-limits", definitions_api.AgentLimitsDetail.as_view()),
     path("runs", runs_api.RunListCreate.as_view()),
     path("runs/<uuid:run_id>", runs_api.RunDetail.as_view()),
     path("runs/<uuid:run_id>/cancel", runs_api.RunCancel.as_view()),

@@ -24,17 +24,32 @@ class AgentDefinition(models.Model):
         return f"{self.name} v{self.version}"
 
 
-class AgentLimitDefaults(models.Model):
-    """The tenant's defaults for its agents' limits (at most one row; none: the platform's
-    AGENT_DEFAULT_LIMITS). A definition's own limits win over these (limits.limits_effective)."""
+class AgentLimits(models.Model):
+    """The tenant's default limits for its agents (one row, or none): what a definition that
+    sets no limit of its own runs with, before the platform's AGENT_DEFAULT_LIMITS."""
 
-    one = models.BooleanField(default=True, unique=True)  # the row, alone in its schema
-    limits = models.JSONField(default=dict)  # spec.LIMITS keys, checked by agent_limits_set
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    max_turns = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost_usd = models.FloatField(null=True, blank=True)
+    max_wall_seconds = models.FloatField(null=True, blank=True)
     updated_by = models.CharField(max_length=200, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=models.Q(one=True), name="agent_limit_defaults_one")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(id=1), name="agent_limits_one_row"),
+            models.CheckConstraint(condition=models.Q(max_turns__isnull=True) | models.Q(max_turns__gte=1),
+                                   name="agent_limits_max_turns_positive"),
+            models.CheckConstraint(condition=models.Q(max_tokens__isnull=True) | models.Q(max_tokens__gte=1),
+                                   name="agent_limits_max_tokens_positive"),
+            models.CheckConstraint(
+                condition=models.Q(max_cost_usd__isnull=True) | models.Q(max_cost_usd__gt=0),
+                name="agent_limits_max_cost_positive"),
+            models.CheckConstraint(
+                condition=models.Q(max_wall_seconds__isnull=True) | models.Q(max_wall_seconds__gt=0),
+                name="agent_limits_max_wall_positive"),
+        ]
 
     def __str__(self) -> str:
-        return f"agent limit defaults {self.limits}"
+        return "agent limits"

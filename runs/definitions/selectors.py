@@ -1,8 +1,10 @@
 """Reading tenant-defined agents (current tenant's schema)."""
 
+from django.conf import settings
 from django.db.models import QuerySet
 
-from .models import AgentDefinition, AgentLimitDefaults
+from .models import AgentDefinition, AgentLimits
+from .spec import LIMITS
 
 
 def definition_versions(*, name: str) -> QuerySet[AgentDefinition]:
@@ -29,6 +31,14 @@ def definitions_all() -> QuerySet[AgentDefinition]:
 
 
 def agent_limits_tenant() -> dict:
-    """This tenant's defaults for its agents' limits ({}: none, the platform's apply)."""
-    row = AgentLimitDefaults.objects.filter(one=True).values_list("limits", flat=True).first()
-    return dict(row or {})
+    """The limits this tenant set as defaults for its agents (only those it set)."""
+    row = AgentLimits.objects.filter(id=1).first()
+    if row is None:
+        return {}
+    return {key: getattr(row, key) for key in LIMITS if getattr(row, key) is not None}
+
+
+def agent_limits_platform() -> dict:
+    """The platform's defaults (settings.AGENT_DEFAULT_LIMITS; none where it is not set)."""
+    return {key: value for key, value in settings.AGENT_DEFAULT_LIMITS.items()
+            if key in LIMITS and value is not None}

@@ -11,10 +11,9 @@ from agentplatform.errors import ServiceError
 from integrations.selectors import credential_list
 from runs.agents import registry
 
-from .limits import limits_problems
-from .models import AgentDefinition, AgentLimitDefaults
-from .selectors import definition_versions
-from .spec import Definition, DefinitionInvalid, definition_parse
+from .models import AgentDefinition, AgentLimits
+from .selectors import agent_limits_tenant, definition_versions
+from .spec import LIMITS, Definition, DefinitionInvalid, definition_parse, limits_problems
 
 
 class DefinitionError(ServiceError):
@@ -60,16 +59,16 @@ def definition_retire(*, name: str, by: str = "") -> int:
 
 
 def agent_limits_set(*, limits: Any, by: str = "") -> dict:
-    """Set this tenant's defaults for its agents' limits (replacing the last ones; a key left
-    out or null has none of the tenant's: the platform's applies). Runs that started keep the
-    limits they started with; a definition's own limits still win. Returns what is stored."""
-    problems = limits_problems(limits)
-    if problems:
-        first = next(iter(problems.items()))
-        raise DefinitionError("invalid_limits", f"{first[0]}: {first[1][0]}", problems)
-    stored = {key: value for key, value in limits.items() if value is not None}
-    AgentLimitDefaults.objects.update_or_create(one=True, defaults={"limits": stored, "updated_by": by})
-    return stored
+    """Replace the tenant's default limits (a limit left out or null: no tenant default, the
+    platform's applies), checked as a definition's `limits` are: invalid_limits, with fields by
+    path (`limits.max_turns`)."""
+    fields = limits_problems(limits)
+    if fields:
+        first = next(iter(fields))
+        raise DefinitionError("invalid_limits", f"{first}: {fields[first][0]}", fields)
+    AgentLimits.objects.update_or_create(id=1, defaults={
+        **{key: limits.get(key) for key in LIMITS}, "updated_by": by})
+    return agent_limits_tenant()
 
 
 def _insert(definition: Definition, *, version: int, by: str) -> AgentDefinition:

@@ -60,6 +60,10 @@ KINDS = ("connector", "sandbox", "wait_for_event", "wait_for_approval", "mcp")
 SANDBOX_LANGUAGES = ("bash", "python")
 RULE_OPERATORS = ("above", "at_least", "below", "equals", "in")
 LIMITS = {"max_turns": int, "max_tokens": int, "max_cost_usd": float, "max_wall_seconds": float}
+# What a run's columns hold (Run.max_cost_usd is numeric(12, 6), max_tokens a bigint): a larger
+# limit would be a database error at run_start, not a run.
+LIMIT_MAXIMUMS = {"max_turns": MAX_TURNS, "max_tokens": 10 ** 15, "max_cost_usd": 999_999,
+                  "max_wall_seconds": 10 * 366 * 86400}
 
 SANDBOX_PARAMETERS = {"type": "object", "required": ["script"], "additionalProperties": False,
                       "properties": {"script": {"type": "string", "description": "the script to run"}}}
@@ -449,25 +453,33 @@ def _tool_json(tool: Tool) -> dict:
     return out
 
 
-def _limits(errors, data) -> dict:
-    if not isinstance(data, dict):
-        errors.add("limits", f"must be an object with any of {sorted(LIMITS)}")
-        return {}
-    out = {}
-    for key, value in data.items():
+def limits_problems(limits: Any) -> dict[str, list[str]]:
+    """Where a set of limits (a definition's, or a tenant's defaults) is wrong, by path
+    ("limits.max_turns"); a null limit is no limit of this layer's."""
+    if not isinstance(limits, dict):
+        return {"limits": [f"must be an object with any of {sorted(LIMITS)}"]}
+    problems: dict[str, list[str]] = {}
+    for key, value in limits.items():
         kind = LIMITS.get(key)
         if kind is None:
-            errors.add(f"limits.{key}", f"unknown limit; known: {sorted(LIMITS)}")
+            problems[f"limits.{key}"] = [f"unknown limit; known: {sorted(LIMITS)}"]
         elif value is None:
             continue
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 \
                 or (kind is int and not isinstance(value, int)):
-            errors.add(f"limits.{key}", "must be a positive " + ("integer" if kind is int else "number"))
-        elif key == "max_turns" and value > MAX_TURNS:
-            errors.add("limits.max_turns", f"must be at most {MAX_TURNS}")
-        else:
-            out[key] = value
-    return out
+            problems[f"limits.{key}"] = ["must be a positive " + ("integer" if kind is int else "number")]
+        elif value > LIMIT_MAXIMUMS[key]:
+            problems[f"limits.{key}"] = [f"must be at most {LIMIT_MAXIMUMS[key]}"]
+    return problems
+
+
+def _limits(errors, data) -> dict:
+    for path, messages in limits_problems(data).items():
+        for message in messages:
+            errors.add(path, message)
+    if not isinstance(data, dict):
+        return {}
+    return {key: value for key, value in data.items() if value is not None and key in LIMITS}
 
 
 def _lookup(arguments: Any, path: str) -> tuple[bool, Any]:

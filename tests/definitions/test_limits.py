@@ -6,7 +6,7 @@ from django_tenants.utils import tenant_context
 
 from integrations.services import credential_set
 from runs.definitions.limits import limits_effective
-from runs.definitions.models import AgentLimitDefaults
+from runs.definitions.models import AgentLimits
 from runs.definitions.services import DefinitionError, agent_limits_set
 from tests.support.runs import start
 
@@ -16,7 +16,7 @@ from .conftest import define
 @pytest.fixture
 def acme_defaults(in_acme):
     yield agent_limits_set
-    AgentLimitDefaults.objects.all().delete()
+    AgentLimits.objects.all().delete()
 
 
 def test_the_definition_wins_then_the_tenant_then_the_platform(settings):
@@ -34,7 +34,7 @@ def test_a_tenant_default_applies_to_its_agents_that_set_none_and_not_to_another
     assert start(bare).max_tokens == 4321
     assert start(own).max_tokens == 999  # the definition's own limit wins
     with tenant_context(globex):
-        AgentLimitDefaults.objects.all().delete()
+        AgentLimits.objects.all().delete()
         credential_set(connector="model", secrets={"api_key": "sk-scripted", "base_url": model.base_url})
         other = define("bare", tools=[])
         assert start(other).max_tokens != 4321
@@ -48,4 +48,4 @@ def test_wrong_tenant_defaults_are_refused_with_the_field(acme_defaults, limits,
     with pytest.raises(DefinitionError) as refused:
         acme_defaults(limits=limits, by="ann")
     assert refused.value.code == "invalid_limits" and field in refused.value.fields
-    assert not AgentLimitDefaults.objects.exists()
+    assert not AgentLimits.objects.exists()

@@ -83,7 +83,7 @@ def _listing(request) -> dict:
             "newer": page - 1 if page > 1 else None,
             "query": query.urlencode(), "full_query": request.GET.urlencode(),
             "filtered": any(v for k, v in request.GET.lists() if k != "page"),
-            "agent_names": sorted({agent.name for agent in registry.all()})}
+            "agent_names": sorted({agent.name for agent in registry.available()})}
 
 
 @tenant_page()
