@@ -3,6 +3,7 @@ button), errors shown next to their input, versions with who and when, the diff 
 consecutive versions, retiring; viewers read and may not write (403), another tenant's agent
 is a 404, and every change is in the tenant's audit log with who made it."""
 
+import json
 import re
 import uuid
 
@@ -13,8 +14,13 @@ from django_tenants.utils import tenant_context
 from integrations.services import credential_set
 from runs.definitions.selectors import definition_find, definition_versions
 from runs.definitions.services import definition_create
+from runs.effects.models import Effect
+from runs.models import Run
 from tenants.models import AuditEntry
 from tests.dashboard.conftest import person, signed_in
+from tests.support.fakes import FakeServer
+from tests.support.fakes.fixtures import fake_stripe  # noqa: F401
+from tests.support.runs import finished, start
 
 
 @pytest.fixture
@@ -201,3 +207,71 @@ def test_csrf_is_required_on_the_form(acme, credentials, owner):
     client = Client(enforce_csrf_checks=True)
     client.force_login(owner)
     assert client.post("/t/acme/agents/_new", form_data(agent_name())).status_code == 403
+
+
+class ToolCallingModel(FakeServer):
+    """A Chat Completions stand-in: the first turn calls `pay`, the next answers at length."""
+
+    name = "tool-model"
+
+    def reset(self) -> None:
+        self.requests = 0
+
+    def state(self) -> dict:
+        return {"requests": self.requests}
+
+    def handle(self, method, path, query, headers, raw):
+        self.requests += 1
+        turns = sum(1 for m in json.loads(raw)["messages"] if m["role"] == "assistant")
+        if turns == 0:
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_pay_1", "type": "function", "function": {
+                    "name": "pay", "arguments": json.dumps({"amount": 42, "currency": "EUR",
+                                                            "customer": "cus_1"})}}]}
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": "Paid. " + "All details follow. " * 100}
+            finish = "stop"
+        return 200, {"id": "x", "object": "chat.completion", "model": "m",
+                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                     "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}, {}
+
+
+@pytest.fixture
+def tool_model():
+    server = ToolCallingModel().start()
+    yield server
+    server.stop()
+
+
+def test_the_run_page_shows_the_conversation_with_each_call_linked_to_its_effect(
+        acme, globex, owner, tool_model, fake_stripe):  # noqa: F811
+    name = agent_name()
+    with tenant_context(acme):
+        credential_set(connector="model", secrets={"api_key": "sk-test", "base_url": tool_model.url + "/v1"})
+        credential_set(connector="payments", secrets={"secret_key": "sk_test_acme",
+                                                      "api_url": fake_stripe.url})
+    client = signed_in(owner)
+    assert client.post("/t/acme/agents/_new", form_data(name)).status_code == 302
+    with tenant_context(acme):
+        run = finished(start(name, input={"invoice": "INV-1"}).id)
+        assert run.status == Run.Status.SUCCEEDED, run.error
+        pay = Effect.objects.get(run=run, name="tool:call_pay_1")
+        turn = Effect.objects.get(run=run, name="turn", scope="0")  # the first turn
+    html = client.get(f"/t/acme/runs/{run.id}").content.decode()
+    assert 'aria-labelledby="conversation-title"' in html
+    assert f'href="#effect-{pay.id}">effect tool:call_pay_1: done' in html
+    assert f'id="effect-{pay.id}"' in html  # the effects table row it points at
+    assert f'href="#effect-{turn.id}">model turn: done' in html
+    assert 'href="#message-2">result (message 2)' in html  # input 0, call 1, result 2, answer 3
+    assert 'href="#message-1">the call (message 1)' in html
+    assert "&quot;invoice&quot;: &quot;INV-1&quot;" in html  # the input, the first message
+    full = f"/t/acme/runs/{run.id}/messages/3"
+    assert f'href="{full}">Message 3 in full' in html  # long: cut, the whole text a link away
+    panel = html.split('id="conversation"', 1)[1].split("</section>", 1)[0]
+    assert 0 < panel.count("All details follow.") < 100
+    whole = client.get(full).content.decode()
+    assert whole.count("All details follow.") == 100
+    assert client.get(f"/t/acme/runs/{run.id}/messages/4").status_code == 404
+    other = signed_in(person(globex, "owner"))  # the run is not in globex's schema
+    assert other.get(f"/t/globex/runs/{run.id}/messages/3").status_code == 404
