@@ -3,7 +3,6 @@ button), errors shown next to their input, versions with who and when, the diff 
 consecutive versions, retiring; viewers read and may not write (403), another tenant's agent
 is a 404, and every change is in the tenant's audit log with who made it."""
 
-import json
 import re
 import uuid
 
@@ -18,8 +17,8 @@ from runs.effects.models import Effect
 from runs.models import Run
 from tenants.models import AuditEntry
 from tests.dashboard.conftest import person, signed_in
-from tests.support.fakes import FakeServer
 from tests.support.fakes.fixtures import fake_stripe  # noqa: F401
+from tests.support.fakes.tool_calling import ToolCallingModel
 from tests.support.runs import finished, start
 
 
@@ -207,34 +206,6 @@ def test_csrf_is_required_on_the_form(acme, credentials, owner):
     client = Client(enforce_csrf_checks=True)
     client.force_login(owner)
     assert client.post("/t/acme/agents/_new", form_data(agent_name())).status_code == 403
-
-
-class ToolCallingModel(FakeServer):
-    """A Chat Completions stand-in: the first turn calls `pay`, the next answers at length."""
-
-    name = "tool-model"
-
-    def reset(self) -> None:
-        self.requests = 0
-
-    def state(self) -> dict:
-        return {"requests": self.requests}
-
-    def handle(self, method, path, query, headers, raw):
-        self.requests += 1
-        turns = sum(1 for m in json.loads(raw)["messages"] if m["role"] == "assistant")
-        if turns == 0:
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": "call_pay_1", "type": "function", "function": {
-                    "name": "pay", "arguments": json.dumps({"amount": 42, "currency": "EUR",
-                                                            "customer": "cus_1"})}}]}
-            finish = "tool_calls"
-        else:
-            message = {"role": "assistant", "content": "Paid. " + "All details follow. " * 100}
-            finish = "stop"
-        return 200, {"id": "x", "object": "chat.completion", "model": "m",
-                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                     "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}, {}
 
 
 @pytest.fixture
