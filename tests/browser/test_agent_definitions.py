@@ -1,7 +1,7 @@
 """A tenant agent defined in a real browser, through the form alone: an owner adds one tool with
 a rule approval (amount above 500), saves, edits the rule (an error shown inline first), and
 sees v2's diff; the run page of a run of it shows the conversation. axe-core checks each new
-page at 1280 px (the 390 px pass of every page is test_accessibility's)."""
+page at 1280 px, and that none scrolls sideways at 390 px."""
 
 import re
 import uuid
@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from integrations.services import credential_set
 from runs.definitions.selectors import definition_find
 from runs.models import Run
-from tests.browser.conftest import axe_check, person, sign_in
+from tests.browser.conftest import NARROW, axe_check, person, sign_in
 from tests.support import runs as driven
 from tests.support.fakes.fixtures import fake_stripe  # noqa: F401
 from tests.support.fakes.tool_calling import ToolCallingModel
@@ -85,3 +85,9 @@ def test_an_owner_defines_an_agent_with_a_rule_approval_and_sees_v2s_diff(
     conversation.get_by_role("link", name="effect tool:call_pay_1: done").click()
     expect(page.get_by_role("row").filter(has_text="tool:call_pay_1")).to_contain_text("done")
     axe_check(page)
+
+    page.set_viewport_size(NARROW)  # and nothing of the new pages scrolls sideways at 390 px
+    for url in (f"/t/browser/runs/{run.id}", f"/t/browser/agents/{name}",
+                f"/t/browser/agents/{name}/edit", "/t/browser/agents"):
+        page.goto(url)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), url
