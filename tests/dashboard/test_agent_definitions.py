@@ -86,6 +86,7 @@ def test_an_owner_creates_an_agent_with_a_rule_approval(acme, credentials, owner
     assert row.spec["limits"] == {"max_turns": 5} and row.spec["model"]["temperature"] == 0
     entry = AuditEntry.objects.get(tenant=acme, action="agent.created", target=f"agent:{name}")
     assert entry.actor == f"user:{owner.username}" and entry.detail["version"] == 1
+    assert f"agent:{name}" in signed_in(owner).get("/t/acme/audit").content.decode()
 
 
 def test_an_edit_with_an_error_shows_it_next_to_the_tools_approval(acme, credentials, owner):

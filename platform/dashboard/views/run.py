@@ -70,7 +70,9 @@ def _run(run_id) -> Run:
 
 
 def _newer_versions(run: Run) -> list[int]:
-    return [a.version for a in registry.all() if a.name == run.agent and a.version > run.agent_version]
+    # the platform's versions and, for a tenant agent, its definition's newer ones
+    return [a.version for a in registry.available()
+            if a.name == run.agent and a.version > run.agent_version]
 
 
 def _header_context(request, tenant, run: Run) -> dict:
