@@ -202,7 +202,7 @@ class ToolForm(forms.Form):
             if data["remote_name"]:
                 tool["remote_name"] = data["remote_name"]
         if kind in ("wait_for_event", "wait_for_approval") and data.get("timeout_seconds") is not None:
-            tool["timeout_seconds"] = data["timeout_seconds"]
+            tool["timeout_seconds"] = _number(data["timeout_seconds"])
         if data["parameters"] is not None:
             tool["parameters"] = data["parameters"]
         if data["approval"] == "rule":
@@ -293,8 +293,8 @@ class DefinitionForms:
         model: dict[str, Any] = {"credential": data["model_credential"], "name": data["model_name"],
                                  "max_tokens": data["max_tokens"]}
         if data.get("temperature") is not None:
-            model["temperature"] = data["temperature"]
-        limits = {key: data[field] for key, field in (("max_turns", "max_turns"),
+            model["temperature"] = _number(data["temperature"])
+        limits = {key: _number(data[field]) for key, field in (("max_turns", "max_turns"),
                   ("max_tokens", "limit_tokens"), ("max_cost_usd", "max_cost_usd"),
                   ("max_wall_seconds", "max_wall_seconds")) if data.get(field) is not None}
         spec: dict[str, Any] = {"description": data["description"], "model": model,
@@ -333,6 +333,12 @@ class DefinitionForms:
     def errors_count(self) -> int:
         return (len(self.definition.errors) + sum(len(f.errors) for f in self.tools)
                 + len(self.tools_errors))
+
+
+def _number(value: float | int) -> float | int:
+    """0.0 as 0: the same definition typed here or sent to the API has the same hash (JSON
+    writes 0.0 and 0 differently), so saving it unchanged makes no new version."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _suggested_name(source: str, rows: list[dict]) -> str:

@@ -130,6 +130,7 @@ def test_versions_are_listed_with_who_and_when_and_the_diff_of_each(acme, creden
     assert "tools[0].approval.above" in page  # v2's change from v1, by path
     assert "<code>500</code>" in page and "<code>900</code>" in page
     assert "when amount above 900" in page  # the definition, readable
+    assert "temperature 0;" in page and "at most 512 tokens a turn" in page
     v1 = viewer.get(f"/t/acme/agents/{name}/versions/1").content.decode()
     assert "when amount above 500" in v1 and "nothing to compare with" in v1
     assert viewer.get(f"/t/acme/agents/{name}/versions/7").status_code == 404
