@@ -23,6 +23,7 @@ from agentplatform.errors import ServiceError
 from runs import services
 from runs.agents import UnknownAgent, registry
 from runs.approvals.services import event_submit
+from runs.definitions.selectors import definition_versions
 from runs.effects.selectors import outbox_list
 from runs.models import Branch, Run
 from runs.selectors import checkpoint_list, run_event_list, run_or_404
@@ -70,9 +71,12 @@ def _run(run_id) -> Run:
 
 
 def _newer_versions(run: Run) -> list[int]:
-    # the platform's versions and, for a tenant agent, its definition's newer ones
+    # the platform's versions and, for a tenant agent, its definition's newer ones not retired
+    retired = set(definition_versions(name=run.agent).filter(retired_at__isnull=False)
+                  .values_list("version", flat=True))
     return [a.version for a in registry.available()
-            if a.name == run.agent and a.version > run.agent_version]
+            if a.name == run.agent and a.version > run.agent_version
+            and not (a.kind == "tenant" and a.version in retired)]
 
 
 def _header_context(request, tenant, run: Run) -> dict:
