@@ -12,11 +12,12 @@ RUNS_WRITE = "runs:write"  # start, cancel, fork, re-queue, migrate runs; delive
 APPROVALS_DECIDE = "approvals:decide"
 INTEGRATIONS_MANAGE = "integrations:manage"  # connections, connector credentials, egress
 SETTINGS_MANAGE = "settings:manage"  # members, invitations, API keys, retention, two-factor
+AGENTS_DEFINE = "agents:define"  # create, edit and retire the tenant's own agent definitions
 
 PERMISSIONS: dict[str, frozenset[str]] = {
     Role.OWNER: frozenset({READ, RUNS_WRITE, APPROVALS_DECIDE, INTEGRATIONS_MANAGE,
-                           SETTINGS_MANAGE}),
-    Role.ADMIN: frozenset({READ, RUNS_WRITE, APPROVALS_DECIDE, INTEGRATIONS_MANAGE}),
+                           SETTINGS_MANAGE, AGENTS_DEFINE}),
+    Role.ADMIN: frozenset({READ, RUNS_WRITE, APPROVALS_DECIDE, INTEGRATIONS_MANAGE, AGENTS_DEFINE}),
     Role.OPERATOR: frozenset({READ, RUNS_WRITE}),
     Role.APPROVER: frozenset({READ, APPROVALS_DECIDE}),
     Role.VIEWER: frozenset({READ}),

@@ -3,7 +3,7 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, agents, approvals, members, run, runs, settings
+from .views import accounts, agents, approvals, definitions, members, run, runs, settings
 
 app_name = "dashboard"
 
@@ -11,6 +11,7 @@ tenant_pages = [
     *runs.urlpatterns,
     *run.urlpatterns,
     *approvals.urlpatterns,
+    *definitions.urlpatterns,  # before agents/<name>
     *agents.urlpatterns,
     *members.urlpatterns,
     *settings.urlpatterns,

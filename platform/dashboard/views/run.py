@@ -23,6 +23,7 @@ from agentplatform.errors import ServiceError
 from runs import services
 from runs.agents import UnknownAgent, registry
 from runs.approvals.services import event_submit
+from runs.definitions.selectors import definition_versions
 from runs.effects.selectors import outbox_list
 from runs.models import Branch, Run
 from runs.selectors import checkpoint_list, run_event_list, run_or_404
@@ -30,6 +31,7 @@ from tenants.people import audit_record
 from tenants.roles import APPROVALS_DECIDE, RUNS_WRITE
 
 from ..access import tenant_page
+from ..conversation import conversation_of, message_of
 from ..diffs import json_diff
 from ..pictures import PictureError, steps_svg
 from ..situation import event_filter, situation_of
@@ -69,7 +71,12 @@ def _run(run_id) -> Run:
 
 
 def _newer_versions(run: Run) -> list[int]:
-    return [a.version for a in registry.all() if a.name == run.agent and a.version > run.agent_version]
+    # the platform's versions and, for a tenant agent, its definition's newer ones not retired
+    retired = set(definition_versions(name=run.agent).filter(retired_at__isnull=False)
+                  .values_list("version", flat=True))
+    return [a.version for a in registry.available()
+            if a.name == run.agent and a.version > run.agent_version
+            and not (a.kind == "tenant" and a.version in retired)]
 
 
 def _header_context(request, tenant, run: Run) -> dict:
@@ -138,6 +145,14 @@ def _steps_picture(run: Run, path: list[str], next_step: str | None) -> tuple[st
         return "", "The picture could not be drawn (Graphviz failed); the path is below."
 
 
+def _is_tenant_agent(run: Run) -> bool:
+    """A run of one of the tenant's definitions: its conversation is the page's to show."""
+    try:
+        return registry.get(run.agent, run.agent_version).kind == "tenant"
+    except UnknownAgent:
+        return False
+
+
 def _diff(request, run: Run, visits: list[int]) -> dict:
     """The diff the person asked for (?a=&b=), or why not."""
     a, b = request.GET.get("a"), request.GET.get("b")
@@ -179,6 +194,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
     logged = list(logged.order_by("-id")[:LOG_LIMIT])[::-1]  # the newest, oldest first
     timeline = timeline_of(run)
     header = _header_context(request, tenant, run)
+    conversation = conversation_of(run) if _is_tenant_agent(run) else None
     path_taken = _path(run, checkpoints)
     picture, no_picture = _steps_picture(run, path_taken, header["s"].next_step)
     context = {
@@ -200,6 +216,7 @@ def _page(request, tenant, run: Run, *, event_form: EventForm | None = None, sta
         "forkable": [c for c in checkpoints if c.step is not None],
         "fork_key": uuid.uuid4(),
         "event_form": event_form or EventForm(initial={"event_id": uuid.uuid4()}),
+        "conversation": conversation,
         **_diff(request, run, visits),
     }
     return render(request, "dashboard/run/page.html", context, status=status)
@@ -232,6 +249,17 @@ def run_checkpoint(request, tenant, run_id, visit):
     template = "dashboard/run/checkpoint_state.html" if request.htmx else \
         "dashboard/run/checkpoint_page.html"
     return render(request, template, context)
+
+
+@tenant_page()
+def run_message(request, tenant, run_id, index):
+    """One message of a tenant agent's conversation, whole (the page's list cuts long ones)."""
+    run = _run(run_id)
+    message = message_of(run, index)
+    if message is None:
+        raise Http404("No such message.")
+    return render(request, "dashboard/run/message.html", {
+        "tenant": tenant, "run": run, "message": message, "section": "runs"})
 
 
 def _done(request, tenant, run_id, action):
@@ -372,6 +400,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>", run_page, name="run"),
     path("runs/<uuid:run_id>/header", run_header, name="run_header"),
     path("runs/<uuid:run_id>/checkpoints/<int:visit>", run_checkpoint, name="run_checkpoint"),
+    path("runs/<uuid:run_id>/messages/<int:index>", run_message, name="run_message"),
     path("runs/<uuid:run_id>/cancel", run_cancel, name="run_cancel"),
     path("runs/<uuid:run_id>/requeue", run_requeue, name="run_requeue"),
     path("runs/<uuid:run_id>/migrate", run_migrate, name="run_migrate"),

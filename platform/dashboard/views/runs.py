@@ -16,6 +16,7 @@ from django.urls import path, reverse
 from agentplatform.errors import ServiceError
 from runs import services
 from runs.agents import registry
+from runs.definitions.selectors import definitions_latest
 from runs.models import Run
 from runs.selectors import WAITING_FOR, run_list, run_or_404
 from tenants.roles import RUNS_WRITE
@@ -174,11 +175,15 @@ def _runs(count: int) -> str:
 # -- start a run -----------------------------------------------------------------------------
 
 def _latest_agents() -> dict:
-    """Each agent's latest version, by name (older versions stay registered while runs drain)."""
+    """Each agent's latest version, by name (older versions stay registered while runs drain):
+    the platform's and this tenant's own, less those retired (they start no new runs)."""
+    startable = {row.name: row.version for row in definitions_latest()}
     latest = {}
-    for agent in registry.all():  # sorted by (name, version): the last one wins
+    for agent in registry.available():  # sorted by (name, version): the last one wins
+        if agent.kind == "tenant" and startable.get(agent.name, 0) < agent.version:
+            continue
         latest[agent.name] = agent
-    return latest
+    return dict(sorted(latest.items()))
 
 
 def _example(agent) -> str:
