@@ -54,8 +54,12 @@ schema.config.generation.update(allow_x00=False)
 # A definition is a program checked against the tenant's state (its credential labels, the
 # platform's agent names) and by the definition language (a tool's JSON Schema must itself be
 # valid, tool names must not clash): no OpenAPI schema can say which are valid, so a schema-valid
-# one may still be 400 invalid_definition with fields. Every other check still holds for it.
-DATA_CHECKED_BEYOND_THE_SCHEMA = {("POST", "/api/v1/agents"): [positive_data_acceptance]}
+# one may still be 400 invalid_definition with fields. Likewise a credential's secrets are the
+# connector's to judge (an mcp server's url must be an http(s) URL with a host): a schema-valid
+# one may be 400 invalid_secrets. Every other check still holds for both.
+DATA_CHECKED_BEYOND_THE_SCHEMA = {("POST", "/api/v1/agents"): [positive_data_acceptance],
+                                  ("PUT", "/api/v1/credentials/{connector}/{label}"):
+                                      [positive_data_acceptance]}
 
 
 def test_the_live_server_serves_the_fuzzed_schema(api_server):
