@@ -20,10 +20,11 @@ from runs.effects.models import OutboxMessage
 from runs.engine import claims
 from runs.leases import leases, worker_id
 from runs.models import Run
-from runs.services import run_cancel, run_requeue
+from runs.services import run_cancel, run_requeue, run_start
 from tenants.models import AuditEntry, ConsoleAccess, Tenant
 from tests.support import rollout_v2_agents  # noqa: F401  (rollout v2 has "work"; v3 renamed it)
 from tests.support.runs import start
+from tests.support.waiting import wait_for
 from tests.tenants.test_console_access import logged_in
 
 PAGES = ("/admin/console/stuckruns/", "/admin/console/fleet/", "/admin/tenants/tenant/")
@@ -333,3 +334,25 @@ def test_a_heartbeat_row_costs_about_a_millisecond_per_beat():
     assert each < 0.02  # one small upsert per process every RUN_HEARTBEAT_SECONDS
     row = WorkerHeartbeat.objects.get(worker=worker_id())
     assert row.beat_at >= timezone.now() - timedelta(seconds=5) and row.started_at <= row.beat_at
+
+
+
+def test_a_worker_that_ran_a_run_is_alive_on_the_fleet_page(acme, worker):
+    with tenant_context(acme):
+        run = run_start(agent="chatter", input={"steps": 2}).run
+
+        def done():
+            return Run.objects.filter(id=run.id, status="succeeded").exists()
+
+        wait_for(done, timeout=60, interval=0.2, what="a worker to finish the run")
+
+    def beating():  # the worker process that ran it beats from then on, with no lease held
+        fresh = timezone.now() - console.heartbeat_alive_within()
+        return list(WorkerHeartbeat.objects.filter(beat_at__gte=fresh, started_at__lt=fresh)
+                    .exclude(worker=worker_id()).values_list("worker", flat=True))
+
+    workers = wait_for(beating, timeout=30, interval=0.2, what="a worker to beat twice")
+    fleet = {w.worker: w for w in console.fleet_summary(tenants=[acme]).workers}
+    assert all(fleet[name].alive for name in workers)
+    founder, _ = logged_in(superuser=True)
+    assert workers[0] in founder.get("/admin/console/fleet/").content.decode()
