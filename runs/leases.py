@@ -43,10 +43,19 @@ class LeaseKeeper:
     def hold(self, *, schema: str, table: str, row_id, epoch: int) -> None:
         with self._lock:
             self._held[(schema, table, row_id)] = epoch
-            if self._thread is None or not self._thread.is_alive():  # new process after fork
-                self._thread = threading.Thread(target=self._beat, name="lease-heartbeat",
-                                                daemon=True)
-                self._thread.start()
+            self._thread_ensure()
+
+    def start(self) -> None:
+        """Beat from now on, holding nothing yet: a worker process is listed alive from its
+        start, not only from its first claim."""
+        with self._lock:
+            self._thread_ensure()
+
+    def _thread_ensure(self) -> None:
+        if self._thread is None or not self._thread.is_alive():  # new process after fork
+            self._thread = threading.Thread(target=self._beat, name="lease-heartbeat",
+                                            daemon=True)
+            self._thread.start()
 
     def release(self, *, schema: str, table: str, row_id) -> None:
         with self._lock:

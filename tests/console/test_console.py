@@ -2,6 +2,7 @@
 tenants (each kind, made by in-process runs) with confirmed and audited actions, and the fleet.
 Logged-in staff through Django's test client; real tenants acme and globex."""
 
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -20,7 +21,7 @@ from runs.effects.models import OutboxMessage
 from runs.engine import claims
 from runs.leases import leases, worker_id
 from runs.models import Run
-from runs.services import run_cancel, run_requeue, run_start
+from runs.services import run_cancel, run_requeue
 from tenants.models import AuditEntry, ConsoleAccess, Tenant
 from tests.support import rollout_v2_agents  # noqa: F401  (rollout v2 has "work"; v3 renamed it)
 from tests.support.runs import start
@@ -337,22 +338,23 @@ def test_a_heartbeat_row_costs_about_a_millisecond_per_beat():
 
 
 
-def test_a_worker_that_ran_a_run_is_alive_on_the_fleet_page(acme, worker):
-    with tenant_context(acme):
-        run = run_start(agent="chatter", input={"steps": 2}).run
 
-        def done():
-            return Run.objects.filter(id=run.id, status="succeeded").exists()
+def test_a_worker_is_alive_on_the_fleet_page_from_its_start_and_gone_once_stopped(acme,
+                                                                                 start_worker):
+    process = start_worker("fleet", concurrency=2)
+    host = socket.gethostname()
+    pool = {f"{host}:{pid}" for pid in process.pids() - {process.process.pid}}
 
-        wait_for(done, timeout=60, interval=0.2, what="a worker to finish the run")
+    def alive() -> set[str]:
+        return {w.worker for w in console.fleet_summary(tenants=[acme]).workers if w.alive}
 
-    def beating():  # the worker process that ran it beats from then on, with no lease held
-        fresh = timezone.now() - console.heartbeat_alive_within()
-        return list(WorkerHeartbeat.objects.filter(beat_at__gte=fresh, started_at__lt=fresh)
-                    .exclude(worker=worker_id()).values_list("worker", flat=True))
-
-    workers = wait_for(beating, timeout=30, interval=0.2, what="a worker to beat twice")
-    fleet = {w.worker: w for w in console.fleet_summary(tenants=[acme]).workers}
-    assert all(fleet[name].alive for name in workers)
+    # idle, it has run nothing: its pool processes beat from their start
+    wait_for(lambda: len(pool) == 2 and pool <= alive(), timeout=30, interval=0.2,
+             what="the new worker's pool processes to beat")
     founder, _ = logged_in(superuser=True)
-    assert workers[0] in founder.get("/admin/console/fleet/").content.decode()
+    page = founder.get("/admin/console/fleet/").content.decode()
+    assert all(name in page for name in pool)
+
+    process.stop()
+    wait_for(lambda: not pool & alive(), timeout=30, interval=0.2,
+             what="the stopped worker to be taken for gone")
