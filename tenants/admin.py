@@ -96,6 +96,13 @@ class TenantAdmin(admin.ModelAdmin):
                                       path=request.get_full_path(), run_ids=shown)
         return super().change_view(request, object_id, form_url, extra)
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            console_services.tenant_changed_record(
+                user=request.user, tenant=obj, path=request.get_full_path(),
+                changed={name: form.cleaned_data[name] for name in form.changed_data})
+
     def has_change_permission(self, request, obj=None):
         return not _restricted_for(request, obj) and super().has_change_permission(request, obj)
 

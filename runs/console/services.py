@@ -103,6 +103,14 @@ def _run_act(action: str, run_id: UUID, by: str) -> dict:
     return {"from_version": run.agent_version, "to_version": version}
 
 
+def tenant_changed_record(*, user, tenant: Tenant, changed: dict, path: str) -> None:
+    """A founder saved the tenant's form (status, in-flight cap, ...): `changed` maps each
+    changed field to its new value."""
+    console_access_record(user=user, tenant=tenant, view="tenant_action:change", path=path)
+    audit_record(tenant=tenant, actor=actor_of(user), action="tenant.changed",
+                 target=f"tenant:{tenant}", via="console", changed=changed)
+
+
 def tenant_act(*, user, tenant: Tenant, action: str, path: str) -> None:
     """Suspend or reactivate the tenant (tenant_reactivate refuses a tenant being deleted)."""
     verbs = {"suspend": (tenant_services.tenant_suspend, "tenant.suspended"),

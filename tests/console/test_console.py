@@ -22,7 +22,7 @@ from runs.engine import claims
 from runs.leases import leases, worker_id
 from runs.models import Run
 from runs.services import run_cancel, run_requeue
-from tenants.models import AuditEntry, ConsoleAccess, Tenant
+from tenants.models import ApiKey, AuditEntry, ConsoleAccess, Tenant
 from tests.support import rollout_v2_agents  # noqa: F401  (rollout v2 has "work"; v3 renamed it)
 from tests.support.runs import start
 from tests.support.waiting import wait_for
@@ -358,3 +358,24 @@ def test_a_worker_is_alive_on_the_fleet_page_from_its_start_and_gone_once_stoppe
     process.stop()
     wait_for(lambda: not pool & alive(), timeout=30, interval=0.2,
              what="the stopped worker to be taken for gone")
+
+
+def test_a_founders_edit_of_a_tenant_goes_to_both_audit_logs(globex):
+    founder, user = logged_in(superuser=True)
+    keys = list(ApiKey.objects.filter(tenant=globex).order_by("id"))
+    form = {"name": globex.name, "status": "active", "max_in_flight": 7,
+            "api_keys-TOTAL_FORMS": len(keys), "api_keys-INITIAL_FORMS": len(keys),
+            "api_keys-MIN_NUM_FORMS": 0, "api_keys-MAX_NUM_FORMS": 1000}
+    for i, key in enumerate(keys):
+        form.update({f"api_keys-{i}-id": key.pk, f"api_keys-{i}-tenant": globex.pk})
+    try:
+        saved = founder.post(f"/admin/tenants/tenant/{globex.pk}/change/", form)
+        assert saved.status_code == 302, saved.content.decode()[:2000]
+        assert Tenant.objects.get(pk=globex.pk).max_in_flight == 7
+    finally:
+        Tenant.objects.filter(pk=globex.pk).update(max_in_flight=globex.max_in_flight)
+    entry = AuditEntry.objects.get(actor=f"admin:{user.username}")
+    assert (entry.tenant_id, entry.action, entry.detail) == (
+        globex.pk, "tenant.changed", {"via": "console", "changed": {"max_in_flight": 7}})
+    assert ConsoleAccess.objects.filter(user_id=user.pk, view="tenant_action:change",
+                                        tenant_schema="globex").exists()
