@@ -8,8 +8,8 @@ max_in_flight, the actions), its API keys not shown, its entries of the access l
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
-from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
 from runs.console import selectors as console
 from runs.console import services as console_services
@@ -71,7 +71,7 @@ class TenantAdmin(admin.ModelAdmin):
         lines = console.tenant_usage(tenant=obj)
         if lines is None:
             return "—"
-        return format_html_join(format_html("<br>"), "{}{}: {} / {}", (
+        return format_html_join(mark_safe("<br>"), "{}{}: {} / {}", (
             ("⚠ " if (line.share or 0) >= 0.9 else "", line.name, _amount(line.used),
              "∞" if line.limit is None else _amount(line.limit)) for line in lines)) or "—"
 
@@ -85,10 +85,9 @@ class TenantAdmin(admin.ModelAdmin):
         names (stuck, last archive failure) are written to the access log (view `tenant_page`)."""
         tenant = self.get_object(request, object_id)
         extra = dict(extra_context or {})
-        if tenant is not None and not _restricted_for(request, tenant):
+        if request.method == "GET" and tenant is not None and not _restricted_for(request, tenant):
             overview = console.tenant_overview(tenant=tenant)
-            extra.update(overview=overview, run_statuses=list(overview.runs_by_status.items()),
-                         now=timezone.now())
+            extra.update(overview=overview, run_statuses=list(overview.runs_by_status.items()))
             failure = (overview.archive or {}).get("last_failure")
             shown = [s.run_id for s in overview.stuck] + ([failure["run_id"]] if failure else [])
             if shown:  # runs named on the page: a look into the tenant's runs

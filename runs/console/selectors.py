@@ -151,8 +151,13 @@ def tenant_usage(*, tenant: Tenant) -> list[QuotaLine] | None:
     metering is not installed."""
     if usage_selectors is None:
         return None
+    try:
+        quotas = usage_selectors.usage_summary(tenant=tenant)
+    except DatabaseError:  # one tenant's figures must not take the tenant list down
+        log.warning("console: no usage for %s", tenant.schema_name, exc_info=True)
+        return []
     return [QuotaLine(name=q.name, limit=q.limit, used=q.used, resets_at=q.resets_at)
-            for q in usage_selectors.usage_summary(tenant=tenant)]
+            for q in quotas]
 
 
 def tenant_last_activity(*, tenant: Tenant) -> datetime | None:
