@@ -107,7 +107,11 @@ class RunAdmin(admin.ModelAdmin):
         return [choose, *urls]
 
     def choose_tenant(self, request, schema):
+        """Choose the tenant; `?run=<id>` goes on to that run's page (links from the console)."""
         request.session[SESSION_KEY] = tenant_chosen(request, schema).schema_name
+        run_id = _run_id(request.GET.get("run", ""))
+        if run_id is not None:
+            return redirect("admin:runs_run_change", run_id)
         return redirect("admin:runs_run_changelist")
 
     def changelist_view(self, request, extra_context=None):

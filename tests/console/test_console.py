@@ -134,6 +134,12 @@ def test_stuck_runs_of_every_kind_and_tenant_are_listed_with_their_reason(stuck,
             kind: kind for kind in stuck}
         assert found[stuck["lease_expired"].id].schema == "globex"
 
+        link = f"/admin/runs/run/tenant/globex/?run={stuck['lease_expired'].id}"
+        assert f'href="{link}"' in page  # into the run's own page, its tenant chosen
+        opened = founder.get(link, follow=True)
+        assert opened.redirect_chain[-1][0] == f"/admin/runs/run/{stuck['lease_expired'].id}/change/"
+        assert "gone-host:4242" in opened.content.decode()
+
         only = founder.get("/admin/console/stuckruns/?kind=poison_step").content.decode()
         assert str(stuck["poison_step"].id) in only and str(stuck["version"].id) not in only
 
