@@ -221,7 +221,7 @@ class TenantQueue:
 
 
 @dataclass
-class Fleet:
+class FleetSummary:
     workers: list[WorkerLine]
     queues: list[TenantQueue]
     oldest_ready: ReadyRun | None
@@ -239,7 +239,7 @@ def heartbeat_alive_within() -> timedelta:
     return timedelta(seconds=3 * settings.RUN_HEARTBEAT_SECONDS)
 
 
-def fleet_summary(*, tenants: Iterable[Tenant], now: datetime | None = None) -> Fleet:
+def fleet_summary(*, tenants: Iterable[Tenant], now: datetime | None = None) -> FleetSummary:
     """The fleet now: workers from their heartbeats (and from the live leases they hold in the
     tenants' schemas: a lease holder with no heartbeat row is listed too), the ready list per
     tenant, the oldest ready run, the outbox backlog per tenant, timers due."""
@@ -275,7 +275,7 @@ def fleet_summary(*, tenants: Iterable[Tenant], now: datetime | None = None) -> 
     wakeups = Wakeup.objects.filter(schema_name__in=schemas)
     timers = wakeups.aggregate(due=Count("id", filter=Q(due_at__lte=now)), total=Count("id"),
                                next=Min("due_at", filter=Q(due_at__gt=now)))
-    fleet = Fleet(
+    fleet = FleetSummary(
         workers=sorted(workers.values(), key=lambda w: (not w.alive, w.worker)),
         queues=list(queues.values()),
         oldest_ready=ready.filter(dispatched_at=None, ready_at__lte=now).order_by("ready_at").first(),
