@@ -2,7 +2,9 @@
 (kept in the session) and every view of this admin runs inside that tenant's schema.
 
 Every look into a tenant's runs is written to the access log (tenants.ConsoleAccess) before the
-schema is switched; a tenant marked superusers_only is a 404 for other staff."""
+schema is switched, and every action done to a run to the tenant's audit log (AuditEntry, actor
+`admin:<username>`, as runs.console.services does); a tenant marked superusers_only is a 404
+for other staff."""
 
 import uuid
 from functools import wraps
@@ -15,6 +17,7 @@ from django.urls import path
 from django_tenants.utils import tenant_context
 
 from tenants.models import Tenant
+from tenants.people import audit_record
 from tenants.selectors import tenants_visible_to
 from tenants.services import console_access_record
 
@@ -104,7 +107,11 @@ class RunAdmin(admin.ModelAdmin):
         return [choose, *urls]
 
     def choose_tenant(self, request, schema):
+        """Choose the tenant; `?run=<id>` goes on to that run's page (links from the console)."""
         request.session[SESSION_KEY] = tenant_chosen(request, schema).schema_name
+        run_id = _run_id(request.GET.get("run", ""))
+        if run_id is not None:
+            return redirect("admin:runs_run_change", run_id)
         return redirect("admin:runs_run_changelist")
 
     def changelist_view(self, request, extra_context=None):
@@ -119,6 +126,10 @@ class RunAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # history is deleted only by retention, after it is archived
 
+    def _audit(self, request, action: str, run_id, **detail) -> None:
+        audit_record(tenant=request.admin_tenant, actor=f"admin:{request.user.username}",
+                     action=action, target=f"run:{run_id}", via="console", **detail)
+
     @admin.action(description="Re-queue selected runs (fences off the current holder)",
                   permissions=["change"])
     def requeue(self, request, queryset):
@@ -126,6 +137,7 @@ class RunAdmin(admin.ModelAdmin):
         for run in queryset:
             try:
                 services.run_requeue(run_id=run.id, by=f"admin:{request.user.username}")
+                self._audit(request, "run.requeued", run.id)
                 done += 1
             except services.RunError as exc:
                 refused.append(f"{run.id}: {exc.message}")
@@ -142,6 +154,8 @@ class RunAdmin(admin.ModelAdmin):
                 newest = registry.get(run.agent).version
                 services.run_migrate(run_id=run.id, version=newest,
                                      by=f"admin:{request.user.username}")
+                self._audit(request, "run.migrated", run.id, from_version=run.agent_version,
+                            to_version=newest)
                 done += 1
             except UnknownAgent as exc:
                 refused.append(f"{run.id}: {exc}")
@@ -155,7 +169,9 @@ class RunAdmin(admin.ModelAdmin):
     def cancel(self, request, queryset):
         for run in queryset:
             try:
-                services.run_cancel(run_id=run.id)
+                services.run_cancel(run_id=run.id, by=f"admin:{request.user.username}")
             except services.RunError as exc:
                 messages.warning(request, f"{run.id}: {exc.message}")
+                continue
+            self._audit(request, "run.cancel_requested", run.id)
         messages.success(request, "Cancel requested.")

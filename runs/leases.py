@@ -3,9 +3,14 @@
 A lease is (owner, epoch, expires_at) on a run or a fan-out branch. Checkpoint writes extend
 it too; the heartbeat covers long steps. If the process freezes or dies, the heartbeat stops
 with it, the lease expires and the watchdog hands the work to another worker.
+
+Each beat also upserts the process's row in the public heartbeat table (WorkerHeartbeat): one
+small statement per process per beat, so the console sees which workers are alive.
 """
 
 import logging
+import os
+import socket
 import threading
 from datetime import timedelta
 from uuid import UUID
@@ -13,7 +18,18 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
+from runs.dispatch.models import WorkerHeartbeat
+
 log = logging.getLogger(__name__)
+HEARTBEATS = f"public.{WorkerHeartbeat._meta.db_table}"
+# Rows of processes gone for this long are deleted (by any live worker, now and then).
+HEARTBEAT_FORGET = timedelta(days=1)
+HEARTBEAT_PRUNE_EVERY = 360  # beats
+
+
+def worker_id() -> str:
+    """This process as a lease owner and in the heartbeat table: `host:pid`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class LeaseKeeper:
@@ -22,14 +38,24 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._beats = 0
 
     def hold(self, *, schema: str, table: str, row_id, epoch: int) -> None:
         with self._lock:
             self._held[(schema, table, row_id)] = epoch
-            if self._thread is None or not self._thread.is_alive():  # new process after fork
-                self._thread = threading.Thread(target=self._beat, name="lease-heartbeat",
-                                                daemon=True)
-                self._thread.start()
+            self._thread_ensure()
+
+    def start(self) -> None:
+        """Beat from now on, holding nothing yet: a worker process is listed alive from its
+        start, not only from its first claim."""
+        with self._lock:
+            self._thread_ensure()
+
+    def _thread_ensure(self) -> None:
+        if self._thread is None or not self._thread.is_alive():  # new process after fork
+            self._thread = threading.Thread(target=self._beat, name="lease-heartbeat",
+                                            daemon=True)
+            self._thread.start()
 
     def release(self, *, schema: str, table: str, row_id) -> None:
         with self._lock:
@@ -47,6 +73,11 @@ class LeaseKeeper:
             except Exception:  # the database may be restarting: try again next beat
                 log.warning("lease heartbeat failed; retrying", exc_info=True)
                 connection.close()
+                continue
+            try:
+                self.worker_beat()
+            except Exception:  # only the console reads it: the leases above are what matter
+                log.debug("worker heartbeat row not written", exc_info=True)
 
     def extend_all(self) -> None:
         ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
@@ -62,6 +93,20 @@ class LeaseKeeper:
                     log.warning("lease on %s.%s %s (epoch %s) was taken over",
                                 schema, table, row_id, epoch)
                     self.release(schema=schema, table=table, row_id=row_id)
+
+    def worker_beat(self) -> None:
+        """Say this process is alive, and how many leases it holds (public schema)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {HEARTBEATS} (worker, started_at, beat_at, leases_held) "
+                "VALUES (%s, now(), now(), %s) ON CONFLICT (worker) DO UPDATE "
+                "SET beat_at = now(), leases_held = EXCLUDED.leases_held",
+                [worker_id(), len(self.held())],
+            )
+            self._beats += 1
+            if self._beats % HEARTBEAT_PRUNE_EVERY == 0:
+                cursor.execute(f"DELETE FROM {HEARTBEATS} WHERE beat_at < now() - %s",
+                               [HEARTBEAT_FORGET])
 
 
 leases = LeaseKeeper()

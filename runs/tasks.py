@@ -4,14 +4,23 @@ import logging
 from uuid import UUID
 
 from celery import shared_task
+from celery.signals import worker_process_init
 
 from runs.dispatch.services import dispatch_ready
 from tenants.selection import tenant_schema
 
 from . import engine
+from .leases import leases
 from .models import Run
 
 log = logging.getLogger(__name__)
+
+
+@worker_process_init.connect
+def heartbeat_start(**_) -> None:
+    """Each pool process of a run worker beats from its start (WorkerHeartbeat): the console
+    lists it alive while it is idle too."""
+    leases.start()
 
 
 @shared_task(name="runs.advance")

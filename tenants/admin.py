@@ -1,15 +1,23 @@
-"""Founders' console (public schema): tenants with status and key counts, suspend/reactivate
-(change permission on Tenant); the read-only log of staff looking into tenants' runs.
+"""Founders' console (public schema): tenants with plan, status, members, key counts, usage this
+month against quotas and last activity; suspend/reactivate (change permission on Tenant, audited
+by runs.console.services); a tenant's page with its runs by status, its stuck runs, its archive
+state; the read-only log of staff looking into tenants' runs.
 
 A tenant marked superusers_only is read-only for other staff: listed, but not changed (status,
 max_in_flight, the actions), its API keys not shown, its entries of the access log not shown."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
+
+from runs.console import selectors as console
+from runs.console import services as console_services
 
 from . import services
 from .models import ApiKey, ConsoleAccess, Tenant
 from .selectors import tenants_visible_to
+from .services import console_access_record
 
 
 def _restricted_for(request, tenant) -> bool:
@@ -29,7 +37,8 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("schema_name", "name", "status", "active_keys", "created_at")
+    list_display = ("schema_name", "name", "plan", "status", "members", "active_keys",
+                    "usage_this_month", "last_activity", "created_at")
     list_filter = ("status",)
     search_fields = ("schema_name", "name")
     readonly_fields = ("schema_name", "created_at", "provisioned_at")
@@ -37,15 +46,61 @@ class TenantAdmin(admin.ModelAdmin):
               "provisioned_at")
     inlines = [ApiKeyInline]
     actions = ["suspend", "reactivate"]
+    change_form_template = "admin/tenants/tenant/console_change_form.html"
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
-            key_count=Count("api_keys", filter=Q(api_keys__revoked_at=None))
+            key_count=Count("api_keys", filter=Q(api_keys__revoked_at=None), distinct=True),
+            member_count=Count("memberships", distinct=True),
         )
 
     @admin.display(description="active API keys", ordering="key_count")
     def active_keys(self, obj):
         return obj.key_count
+
+    @admin.display(description="members", ordering="member_count")
+    def members(self, obj):
+        return obj.member_count
+
+    @admin.display(description="plan")
+    def plan(self, obj):
+        return getattr(obj, "plan", None) or "—"  # plans come with metering (runs.usage)
+
+    @admin.display(description="usage this month")
+    def usage_this_month(self, obj):
+        lines = console.tenant_usage(tenant=obj)
+        if lines is None:
+            return "—"
+        return format_html_join(mark_safe("<br>"), "{}{}: {} / {}", (
+            ("⚠ " if (line.share or 0) >= 0.9 else "", line.name, _amount(line.used),
+             "∞" if line.limit is None else _amount(line.limit)) for line in lines)) or "—"
+
+    @admin.display(description="last activity")
+    def last_activity(self, obj):
+        return console.tenant_last_activity(tenant=obj) or "—"
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The tenant's page: its form, and below it its runs by status, stuck runs, archive
+        state and usage (not for staff a superusers_only tenant is hidden from). The runs it
+        names (stuck, last archive failure) are written to the access log (view `tenant_page`)."""
+        tenant = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if request.method == "GET" and tenant is not None and not _restricted_for(request, tenant):
+            overview = console.tenant_overview(tenant=tenant)
+            extra.update(overview=overview, run_statuses=list(overview.runs_by_status.items()))
+            failure = (overview.archive or {}).get("last_failure")
+            shown = [s.run_id for s in overview.stuck] + ([failure["run_id"]] if failure else [])
+            if shown:  # runs named on the page: a look into the tenant's runs
+                console_access_record(user=request.user, tenant=tenant, view="tenant_page",
+                                      path=request.get_full_path(), run_ids=shown)
+        return super().change_view(request, object_id, form_url, extra)
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            console_services.tenant_changed_record(
+                user=request.user, tenant=obj, path=request.get_full_path(),
+                changed={name: form.cleaned_data[name] for name in form.changed_data})
 
     def has_change_permission(self, request, obj=None):
         return not _restricted_for(request, obj) and super().has_change_permission(request, obj)
@@ -74,7 +129,8 @@ class TenantAdmin(admin.ModelAdmin):
     def suspend(self, request, queryset):
         queryset = self._changeable(request, queryset)
         for tenant in queryset:
-            services.tenant_suspend(tenant=tenant)
+            console_services.tenant_act(user=request.user, tenant=tenant, action="suspend",
+                                        path=request.get_full_path())
         messages.success(request, f"Suspended {queryset.count()} tenant(s).")
 
     @admin.action(description="Reactivate selected tenants", permissions=["change"])
@@ -82,12 +138,20 @@ class TenantAdmin(admin.ModelAdmin):
         reactivated = 0
         for tenant in self._changeable(request, queryset):
             try:
-                services.tenant_reactivate(tenant=tenant)
+                console_services.tenant_act(user=request.user, tenant=tenant,
+                                            action="reactivate", path=request.get_full_path())
             except services.TenantError as exc:
                 messages.error(request, str(exc))
                 continue
             reactivated += 1
         messages.success(request, f"Reactivated {reactivated} tenant(s).")
+
+
+def _amount(value: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:g}"
 
 
 @admin.register(ConsoleAccess)

@@ -29,6 +29,7 @@ SHARED_APPS = [
     "tenants",  # before django_tenants so our create_tenant command is the one that runs
     "django_tenants",
     "runs.dispatch",
+    "runs.console",  # the founders' console pages across tenants (proxies of Tenant)
     "integrations.webhooks",  # tenant connections and webhook dedupe: found before any schema is set
     "django.contrib.contenttypes",
     "django.contrib.auth",

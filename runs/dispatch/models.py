@@ -42,3 +42,17 @@ class Wakeup(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run_id", "visit"], name="wakeup_run_visit_unique")
         ]
+
+
+class WorkerHeartbeat(models.Model):
+    """A worker process's last heartbeat, one row per process (`host:pid`), upserted by its lease
+    heartbeat thread (runs.leases) every RUN_HEARTBEAT_SECONDS: how the console knows which
+    workers are alive and how many leases each holds, without reading every tenant's schema."""
+
+    worker = models.CharField(max_length=200, primary_key=True)
+    started_at = models.DateTimeField()  # its first beat
+    beat_at = models.DateTimeField(db_index=True)
+    leases_held = models.PositiveIntegerField(default=0)  # runs and branches, at the last beat
+
+    def __str__(self) -> str:
+        return self.worker

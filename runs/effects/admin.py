@@ -1,11 +1,13 @@
 """Operators' view of the outbox: a tenant's messages (chosen as in the runs console), and the
-ones of unknown outcome for a person to settle: delivered, or send again."""
+ones of unknown outcome for a person to settle: delivered, or send again (each settle goes to the
+tenant's audit log as `outbox.settled`, as every founder action does)."""
 
 from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.urls import path
 
 from runs.admin import SESSION_KEY, tenant_chosen, tenant_scoped
+from tenants.people import audit_record
 from tenants.selectors import tenants_visible_to
 
 from . import services
@@ -57,6 +59,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):
             try:
                 services.outbox_settle(message_id=message.id, delivered=delivered,
                                        by=f"admin:{request.user.username}")
+                audit_record(tenant=request.admin_tenant, actor=f"admin:{request.user.username}",
+                             action="outbox.settled", target=f"outbox:{message.id}",
+                             via="console", delivered=delivered)
                 done += 1
             except services.OutboxError as exc:
                 messages.warning(request, f"{message.id}: {exc.message}")

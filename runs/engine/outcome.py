@@ -1,8 +1,8 @@
 """How a pass over a run ends (`Outcome`), and the engine's own exceptions."""
 
-import os
-import socket
 from enum import StrEnum
+
+from ..leases import worker_id  # noqa: F401  (the engine's name for it)
 
 
 class Outcome(StrEnum):
@@ -31,6 +31,3 @@ class ChildRunRefused(Exception):
     """The child run a step asked for was refused (its agent is unknown, or its input breaks
     that agent's input schema): the same step would ask for it again, so only new code helps."""
 
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
