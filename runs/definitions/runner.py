@@ -358,7 +358,14 @@ def _calls_read(raw_calls: list, *, turn: int) -> list[dict]:
     for index, raw in enumerate(raw_calls[:MAX_CALLS_PER_REPLY * 4]):
         call = _call_read(raw if isinstance(raw, dict) else {})
         if not call["id"] or call["id"] in seen or len(call["id"]) > 80:
-            call["id"] = f"call_{turn}_{index}"
+            # a fallback may be an id the model gave another call of this reply: two calls
+            # under one id would be one effect (the second replays the first's result)
+            fallback, suffix = f"call_{turn}_{index}", 0
+            taken = seen | {str(r.get("id") or "") for r in raw_calls if isinstance(r, dict)}
+            while fallback in taken:
+                suffix += 1
+                fallback = f"call_{turn}_{index}_{suffix}"
+            call["id"] = fallback
         seen.add(call["id"])
         if index >= MAX_CALLS_PER_REPLY:
             call.update(arguments={}, refused=f"more than {MAX_CALLS_PER_REPLY} tool calls in one "
