@@ -392,9 +392,23 @@ def _call_read(raw: dict) -> dict:
         return call
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
+    elif _unstorable(arguments):  # the run's state (jsonb) could not hold them: never saved
+        call["unreadable"] = ("a string holds a NUL character (\\u0000) or a lone surrogate, "
+                              "which cannot be stored")
     else:
         call["arguments"] = arguments
     return call
+
+
+def _unstorable(value: Any) -> bool:
+    """Whether PostgreSQL's jsonb refuses `value`: a NUL, or a lone surrogate, in a string."""
+    if isinstance(value, str):
+        return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_unstorable(key) or _unstorable(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_unstorable(item) for item in value)
+    return False
 
 
 def _call_kept(call: dict) -> dict:

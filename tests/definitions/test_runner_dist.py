@@ -5,7 +5,13 @@ after its retries, which the model must not read as "not made"."""
 
 import json
 
+from integrations.connectors.webhook import WebhookConnector
 from runs.definitions.runner import _calls_read
+from runs.effects.models import Effect
+from runs.models import LogEntry
+from tests.support.runs import finished, start
+
+from .conftest import POST, define
 
 
 def raw(id: str, **arguments) -> dict:
@@ -22,3 +28,41 @@ def test_a_fallback_call_id_never_takes_an_id_the_model_gave_another_call_of_the
     # and the same reply read again (a step re-run) names them alike: effects stay stable
     assert [c["id"] for c in _calls_read([raw("call_1_1", n=1), raw("", n=2),
                                           raw("call_1_1", n=3)], turn=1)] == ids
+
+
+def test_a_nul_in_the_models_reply_is_stored_and_the_turn_is_paid_once(model):
+    a = define("nul", tools=[])
+    model.script({a: [{"content": "before\u0000after"}]})
+    run = finished(start(a, input={}).id)
+    assert run.status == "succeeded", run.error
+    assert run.result["content"] == "before\ufffdafter"
+    assert model.state()["by_turn"] == {f"{a}:0": 1}
+    assert run.tokens_used > 0  # the usage was recorded with the turn, so budgets see it
+
+
+def test_a_call_whose_arguments_hold_a_nul_is_refused_with_a_reason_not_a_stuck_run(model, webhook):
+    a = define("nularg", tools=[POST])
+    model.script({a: [{"tool_calls": [{"name": "post", "arguments": {
+        "url": "{{input.url}}", "payload": {"text": "a\u0000b"}}}]},
+        {"content": "{{tool.post.error}}"}]})
+    run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
+    assert run.status == "succeeded", run.error
+    assert "NUL" in run.result["content"]
+    assert webhook.state()["deliveries"] == 0
+
+
+def test_a_receivers_answer_with_a_nul_is_recorded_once(model, webhook, monkeypatch):
+    """A hostile receiver's answer holding a NUL: recorded (replaced), never re-sent."""
+    def execute(self, call):
+        return {"status": 200, "body": {"text": "x\u0000y"}}
+
+    monkeypatch.setattr(WebhookConnector, "execute", execute)
+    a = define("nulbody", tools=[POST])
+    model.script({a: [{"tool_calls": [{"name": "post", "arguments": {
+        "url": "{{input.url}}", "payload": {"n": 1}}}]}, {"content": "{{tool.post.body.text}}"}]})
+    run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
+    assert run.status == "succeeded", run.error
+    assert run.result["content"] == "x\ufffdy"
+    effect = Effect.objects.get(run=run, name__startswith="tool:")
+    assert effect.attempts == 1 and effect.status == "done"
+    assert LogEntry.objects.filter(run=run).count() == 4
