@@ -139,7 +139,9 @@ def gathered(ctx, state):
     results = []
     for branch in ctx.fan_out:
         call = branch.item
-        answer = branch.value if branch.ok else {"error": f"the tool call failed: {branch.error}"}
+        # a branch that failed (its worker kept dying, say) may have reached the receiver
+        answer = branch.value if branch.ok else {"error": f"the tool call failed: {branch.error}",
+                                                 **_OUTCOME_UNKNOWN}
         results.append(_result_message(call, answer))
     return _proceed(ctx, state.get("calls", []), results)
 
@@ -305,7 +307,16 @@ def _tool_run(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
     except EffectError as exc:
         if ctx.attempt < ctx.agent.retry.max_attempts:
             raise  # the step's retry policy tries again (recorded calls are not redone)
-        return {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
+        answer = {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
+        if exc.maybe_sent:  # "failed" would invite the model to call again: a new id, a new
+            answer.update(_OUTCOME_UNKNOWN)  # idempotency key, and the receiver acts twice
+        return answer
+
+
+_OUTCOME_UNKNOWN = {"outcome_unknown": True, "warning": (
+    "the receiver may have acted on this call: it failed after it was sent. Calling the tool "
+    "again is a new call, which the receiver will not recognise as a repeat; check with a "
+    "person or the receiver before you do.")}
 
 
 def _tool_call(ctx, tool: Tool, call: dict, arguments: dict) -> Any:

@@ -133,7 +133,8 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
             status=Effect.Status.FAILED, error=error, retryable=exc.retryable,
             maybe_sent=exc.sent)
         if exc.retryable:
-            raise EffectError(f"effect {name!r} via {connector}: {exc}") from exc
+            raise EffectError(f"effect {name!r} via {connector}: {exc}",
+                              maybe_sent=exc.sent) from exc
         raise EffectRefused(f"effect {name!r} via {connector}: {exc}") from exc
     return _effect_done(effect, result)
 

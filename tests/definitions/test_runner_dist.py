@@ -51,6 +51,24 @@ def test_a_call_whose_arguments_hold_a_nul_is_refused_with_a_reason_not_a_stuck_
     assert webhook.state()["deliveries"] == 0
 
 
+def test_a_call_that_may_have_been_acted_on_is_answered_as_unknown_not_as_failed(model, webhook):
+    """The receiver acts, then the answer is lost, three times (one key: it acts once). The
+    model must read that the call may have happened, or it calls again under a new id, a new
+    key, and the receiver acts twice."""
+    a = define("dropped", tools=[POST])
+    model.script({a: [{"tool_calls": [{"name": "post", "arguments": {
+        "url": "{{input.url}}", "payload": {"n": 1}}}]},
+        {"content": "{{tool.post.outcome_unknown}}|{{tool.post.warning}}"}]})
+    webhook.configure("drop_next", 3)
+    run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
+    assert run.status == "succeeded", run.error
+    unknown, warning = run.result["content"].split("|", 1)
+    assert unknown == "true" and "may have acted" in warning
+    assert webhook.state()["acted"] == 1
+    effect = Effect.objects.get(run=run, name__startswith="tool:")
+    assert effect.maybe_sent and effect.attempts == 3
+
+
 def test_a_receivers_answer_with_a_nul_is_recorded_once(model, webhook, monkeypatch):
     """A hostile receiver's answer holding a NUL: recorded (replaced), never re-sent."""
     def execute(self, call):
