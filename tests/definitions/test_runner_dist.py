@@ -6,6 +6,7 @@ after its retries, which the model must not read as "not made"."""
 import json
 
 from integrations.connectors.webhook import WebhookConnector
+from runs import engine
 from runs.definitions.runner import _calls_read
 from runs.effects.models import Effect
 from runs.models import LogEntry
@@ -84,3 +85,28 @@ def test_a_receivers_answer_with_a_nul_is_recorded_once(model, webhook, monkeypa
     effect = Effect.objects.get(run=run, name__startswith="tool:")
     assert effect.attempts == 1 and effect.status == "done"
     assert LogEntry.objects.filter(run=run).count() == 4
+
+
+def test_a_fan_out_branch_that_failed_is_answered_as_unknown(model, webhook, monkeypatch):
+    """A branch that failed (here its connector breaks after sending; or its workers kept
+    dying) may have reached the receiver: the model reads outcome_unknown, not just failed."""
+    def execute(self, call):
+        raise RuntimeError("the connection broke after the request went out")
+
+    monkeypatch.setattr(WebhookConnector, "execute", execute)
+    a = define("fanfail", tools=[POST])
+    model.script({a: [{"tool_calls": [
+        {"name": "post", "arguments": {"url": "{{input.url}}/a", "payload": {"n": 1}}},
+        {"name": "post", "arguments": {"url": "{{input.url}}/b", "payload": {"n": 2}}}]},
+        {"content": "{{tool.post.outcome_unknown}}"}]})
+    run = finished(start(a, input={"url": webhook.url}).id)
+    assert run.status == "waiting"
+    for index in (0, 1):
+        assert engine.branch_advance(run_id=run.id, index=index, sleep=lambda s: None) == \
+            engine.Outcome.ENDED
+    run = finished(run.id)
+    assert run.status == "succeeded", run.error
+    assert run.result["content"] == "true"
+    results = [json.loads(m["content"]) for m in LogEntry.objects.filter(run=run, log="messages")
+               .order_by("index").values_list("value", flat=True) if m["role"] == "tool"]
+    assert [r["outcome_unknown"] for r in results] == [True, True]
