@@ -4,12 +4,19 @@ that would have a recorded turn paid again on every retry, and a call whose outc
 after its retries, which the model must not read as "not made"."""
 
 import json
+from collections import OrderedDict
 
 from integrations.connectors.webhook import WebhookConnector
 from runs import engine
+from runs.approvals.models import Approval
+from runs.approvals.services import approval_decide
+from runs.definitions import registry, runner
+from runs.definitions.models import AgentDefinition
 from runs.definitions.runner import _calls_read
+from runs.definitions.services import definition_update
 from runs.effects.models import Effect
 from runs.models import LogEntry
+from runs.services import run_migrate
 from tests.support.runs import finished, start
 
 from .conftest import POST, define
@@ -110,3 +117,28 @@ def test_a_fan_out_branch_that_failed_is_answered_as_unknown(model, webhook, mon
     results = [json.loads(m["content"]) for m in LogEntry.objects.filter(run=run, log="messages")
                .order_by("index").values_list("value", flat=True) if m["role"] == "tool"]
     assert [r["outcome_unknown"] for r in results] == [True, True]
+
+
+def test_a_waiting_run_across_a_runner_upgrade_is_refused_then_migrated_to_a_new_version(
+        model, webhook, monkeypatch):
+    """RUNNER_VERSION is pinned with each definition version (Agent.pins): a deploy that bumps
+    it refuses every unfinished run of a tenant agent at its next claim (the steps' meaning
+    changed), with a reason that says what to do; a new version of the definition and a
+    migrate carry the run on, its recorded effects intact (the webhook acted once)."""
+    a = define("upgraded", tools=[{**POST, "approval": "always"}])
+    model.script({a: [{"tool_calls": [{"name": "post", "arguments": {
+        "url": "{{input.url}}", "payload": {"n": 1}}}]}, {"content": "done"}]})
+    run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
+    assert run.status == "waiting"
+    monkeypatch.setattr(runner, "RUNNER_VERSION", runner.RUNNER_VERSION + 1)  # the new deploy
+    monkeypatch.setattr(registry, "_cache", OrderedDict())  # a fresh worker process
+    approval_decide(approval_id=Approval.objects.get(run=run).id, approve=True, by="ann")
+    run = finished(run.id)
+    assert run.status == "waiting" and webhook.state()["deliveries"] == 0
+    assert "runner" in run.waiting_reason and "migrate" in run.waiting_reason, run.waiting_reason
+    spec = AgentDefinition.objects.get(name=a, version=1).spec
+    version = definition_update(name=a, spec={**spec, "description": "on the new runner"}).version
+    run_migrate(run_id=run.id, version=version, by="ann")
+    run = finished(run.id)
+    assert run.status == "succeeded", run.error
+    assert webhook.state()["acted"] == 1
