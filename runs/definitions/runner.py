@@ -37,8 +37,10 @@ state fields at the first visit.
 
 import json
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
@@ -98,6 +100,7 @@ def turn(ctx, state):
     if max_turns is not None and turns >= max_turns:
         return fail(f"limit reached: max_turns ({max_turns}): the model asked for tools in "
                     f"{turns} turns without giving a final answer")
+    asked_at = timezone.now().isoformat()  # before the reply: a bound for its waits' events
     history = list(ctx.log(MESSAGES))
     opening = [] if history else [{"role": "user", "content": _input_message(ctx.input)}]
     messages = [{"role": "system", "content": definition.instructions},
@@ -118,7 +121,7 @@ def turn(ctx, state):
     update = {"turns": turns + 1, "max_turns": max_turns, "calls": [], "current": None}
     if not calls:
         return finish({"content": content, "turns": turns + 1}, update=update, append=append)
-    return goto("act", update={**update, "calls": [_call_kept(call) for call in calls]},
+    return goto("act", update={**update, "calls": [_call_kept(call, asked_at) for call in calls]},
                 append=append)
 
 
@@ -253,8 +256,12 @@ def _wait(ctx, tool: Tool, call: dict, update: dict, append: dict):
     timeout = None if timeout is None else timedelta(seconds=timeout)
     if tool.kind == "wait_for_event":
         key = str(arguments[tool.options["key_argument"]])
+        # the wait began with the reply: an event that came while an earlier call of it waited
+        # (a person deciding, say) counts, or the run would wait for what already arrived
+        since = datetime.fromisoformat(call["asked_at"]) if call.get("asked_at") else None
         return WaitForEvent(tool.options["event"], key, "event_arrived", timeout,
-                            "event_timed_out" if timeout else None, update=update, append=append)
+                            "event_timed_out" if timeout else None, since=since,
+                            update=update, append=append)
     if tool.kind == "wait_for_approval":
         question = str(arguments.get("question", ""))
         request = {"title": question[:200] or f"{ctx.agent.name} asks", "body": question,
@@ -422,9 +429,11 @@ def _unstorable(value: Any) -> bool:
     return False
 
 
-def _call_kept(call: dict) -> dict:
-    """A call as the small state holds it until answered (its wire text is in the log)."""
-    return {key: value for key, value in call.items() if key != "raw_arguments"}
+def _call_kept(call: dict, asked_at: str) -> dict:
+    """A call as the small state holds it until answered (its wire text is in the log), with
+    when the model asked for it: a wait that comes after another one of the reply began then."""
+    return {**{key: value for key, value in call.items() if key != "raw_arguments"},
+            "asked_at": asked_at}
 
 
 def _message_wire(message: dict) -> dict:

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from integrations.connectors.webhook import WebhookConnector
 from runs import engine
 from runs.approvals.models import Approval
-from runs.approvals.services import approval_decide
+from runs.approvals.services import approval_decide, event_deliver
 from runs.definitions import registry, runner
 from runs.definitions.models import AgentDefinition
 from runs.definitions.runner import _calls_read
@@ -142,3 +142,27 @@ def test_a_waiting_run_across_a_runner_upgrade_is_refused_then_migrated_to_a_new
     run = finished(run.id)
     assert run.status == "succeeded", run.error
     assert webhook.state()["acted"] == 1
+
+
+def test_an_event_that_arrives_while_an_earlier_call_of_the_reply_waits_still_wakes_its_wait(
+        model):
+    """One reply asks a person, then waits for an event; the event comes while the person
+    decides. The wait began with the reply, not when its turn came: the event counts."""
+    a = define("both", tools=[
+        {"name": "ask", "kind": "wait_for_approval"},
+        {"name": "await_payment", "kind": "wait_for_event", "event": "invoice.paid",
+         "key_argument": "invoice_id"}])
+    model.script({a: [
+        {"tool_calls": [{"name": "ask", "arguments": {"question": "Send it?"}},
+                        {"name": "await_payment", "arguments": {"invoice_id": "{{input.invoice}}"}}]},
+        {"content": "{{tool.ask.approved}} / paid by {{tool.await_payment.payload.by}}"}]})
+    invoice = f"INV-{a}"
+    run = finished(start(a, input={"invoice": invoice}).id)
+    assert run.status == "waiting"
+    assert event_deliver(kind="invoice.paid", key=invoice, payload={"by": "bob"}).resumed == []
+    approval_decide(approval_id=Approval.objects.get(run=run).id, approve=True, by="ann")
+    run = finished(run.id)  # parks on the event, which is there already: back in line
+    assert run.status == "queued", (run.status, run.waiting_reason)
+    run = finished(run.id)
+    assert run.status == "succeeded", (run.status, run.waiting_reason)
+    assert run.result["content"] == "true / paid by bob"
