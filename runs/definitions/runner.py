@@ -36,6 +36,7 @@ state fields at the first visit.
 """
 
 import json
+import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -411,22 +412,38 @@ def _call_read(raw: dict) -> dict:
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
     elif _unstorable(arguments):  # the run's state (jsonb) could not hold them: never saved
-        call["unreadable"] = ("a string holds a NUL character (\\u0000) or a lone surrogate, "
-                              "which cannot be stored")
+        call["unreadable"] = ("a string holds a NUL character (\\u0000) or a lone surrogate, or "
+                              "a number is NaN or infinite: such arguments cannot be stored")
     else:
-        call["arguments"] = arguments
+        call["arguments"] = _as_stored(arguments)
     return call
 
 
 def _unstorable(value: Any) -> bool:
-    """Whether PostgreSQL's jsonb refuses `value`: a NUL, or a lone surrogate, in a string."""
+    """Whether PostgreSQL's jsonb refuses `value`: a NUL, or a lone surrogate, in a string; a
+    NaN or an infinity (Python's JSON reads `NaN` and `1e999`)."""
     if isinstance(value, str):
         return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, float):
+        return not math.isfinite(value)
     if isinstance(value, dict):
         return any(_unstorable(key) or _unstorable(item) for key, item in value.items())
     if isinstance(value, list):
         return any(_unstorable(item) for item in value)
     return False
+
+
+def _as_stored(value: Any) -> Any:
+    """`value` as it comes back from jsonb: a float Python writes with an exponent (1e+16)
+    comes back an integer. The step right after the turn reads the calls from memory, a re-run
+    after a crash from the checkpoint: their effects' digests must be the same."""
+    if isinstance(value, float) and "e+" in repr(value):
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _as_stored(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_stored(item) for item in value]
+    return value
 
 
 def _call_kept(call: dict, asked_at: str) -> dict:

@@ -6,6 +6,8 @@ after its retries, which the model must not read as "not made"."""
 import json
 from collections import OrderedDict
 
+from django.db import connection
+
 from integrations.connectors.webhook import WebhookConnector
 from runs import engine
 from runs.approvals.models import Approval
@@ -15,6 +17,7 @@ from runs.definitions.models import AgentDefinition
 from runs.definitions.runner import _calls_read
 from runs.definitions.services import definition_update
 from runs.effects.models import Effect
+from runs.effects.services import args_digest
 from runs.models import LogEntry
 from runs.services import run_migrate
 from tests.support.runs import finished, start
@@ -166,3 +169,22 @@ def test_an_event_that_arrives_while_an_earlier_call_of_the_reply_waits_still_wa
     run = finished(run.id)
     assert run.status == "succeeded", (run.status, run.waiting_reason)
     assert run.result["content"] == "true / paid by bob"
+
+
+def test_a_calls_arguments_digest_the_same_before_and_after_the_database(in_acme):
+    """A step right after the turn reads the calls from memory; a re-run after a crash reads
+    them from jsonb. 1e16 comes back from jsonb as an integer, so the effect's digest changed
+    (the re-run was refused: "already recorded with different arguments"), and NaN or 1e999
+    could not be stored at all (every checkpoint failed)."""
+    calls = _calls_read([raw("a", amount=1e16, small=1e-7, price=19.99, big=10**20),
+                         {"id": "b", "function": {"name": "post", "arguments": '{"n": NaN}'}},
+                         {"id": "c", "function": {"name": "post", "arguments": '{"n": 1e999}'}}],
+                        turn=1)
+    arguments = calls[0]["arguments"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb", [json.dumps(arguments)])
+        (stored,) = cursor.fetchone()
+    stored = json.loads(stored) if isinstance(stored, str) else stored
+    assert args_digest(stored) == args_digest(arguments)
+    assert arguments["amount"] == 10**16 and arguments["price"] == 19.99
+    assert all("cannot be stored" in call.get("unreadable", "") for call in calls[1:]), calls[1:]
