@@ -36,9 +36,12 @@ state fields at the first visit.
 """
 
 import json
+import math
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
@@ -98,6 +101,7 @@ def turn(ctx, state):
     if max_turns is not None and turns >= max_turns:
         return fail(f"limit reached: max_turns ({max_turns}): the model asked for tools in "
                     f"{turns} turns without giving a final answer")
+    asked_at = timezone.now().isoformat()  # before the reply: a bound for its waits' events
     history = list(ctx.log(MESSAGES))
     opening = [] if history else [{"role": "user", "content": _input_message(ctx.input)}]
     messages = [{"role": "system", "content": definition.instructions},
@@ -118,7 +122,7 @@ def turn(ctx, state):
     update = {"turns": turns + 1, "max_turns": max_turns, "calls": [], "current": None}
     if not calls:
         return finish({"content": content, "turns": turns + 1}, update=update, append=append)
-    return goto("act", update={**update, "calls": [_call_kept(call) for call in calls]},
+    return goto("act", update={**update, "calls": [_call_kept(call, asked_at) for call in calls]},
                 append=append)
 
 
@@ -139,7 +143,9 @@ def gathered(ctx, state):
     results = []
     for branch in ctx.fan_out:
         call = branch.item
-        answer = branch.value if branch.ok else {"error": f"the tool call failed: {branch.error}"}
+        # a branch that failed (its worker kept dying, say) may have reached the receiver
+        answer = branch.value if branch.ok else {"error": f"the tool call failed: {branch.error}",
+                                                 **_OUTCOME_UNKNOWN}
         results.append(_result_message(call, answer))
     return _proceed(ctx, state.get("calls", []), results)
 
@@ -251,8 +257,12 @@ def _wait(ctx, tool: Tool, call: dict, update: dict, append: dict):
     timeout = None if timeout is None else timedelta(seconds=timeout)
     if tool.kind == "wait_for_event":
         key = str(arguments[tool.options["key_argument"]])
+        # the wait began with the reply: an event that came while an earlier call of it waited
+        # (a person deciding, say) counts, or the run would wait for what already arrived
+        since = datetime.fromisoformat(call["asked_at"]) if call.get("asked_at") else None
         return WaitForEvent(tool.options["event"], key, "event_arrived", timeout,
-                            "event_timed_out" if timeout else None, update=update, append=append)
+                            "event_timed_out" if timeout else None, since=since,
+                            update=update, append=append)
     if tool.kind == "wait_for_approval":
         question = str(arguments.get("question", ""))
         request = {"title": question[:200] or f"{ctx.agent.name} asks", "body": question,
@@ -305,7 +315,16 @@ def _tool_run(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
     except EffectError as exc:
         if ctx.attempt < ctx.agent.retry.max_attempts:
             raise  # the step's retry policy tries again (recorded calls are not redone)
-        return {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
+        answer = {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
+        if exc.maybe_sent:  # "failed" would invite the model to call again: a new id, a new
+            answer.update(_OUTCOME_UNKNOWN)  # idempotency key, and the receiver acts twice
+        return answer
+
+
+_OUTCOME_UNKNOWN = {"outcome_unknown": True, "warning": (
+    "the receiver may have acted on this call: it failed after it was sent. Calling the tool "
+    "again is a new call, which the receiver will not recognise as a repeat; check with a "
+    "person or the receiver before you do.")}
 
 
 def _tool_call(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
@@ -358,7 +377,14 @@ def _calls_read(raw_calls: list, *, turn: int) -> list[dict]:
     for index, raw in enumerate(raw_calls[:MAX_CALLS_PER_REPLY * 4]):
         call = _call_read(raw if isinstance(raw, dict) else {})
         if not call["id"] or call["id"] in seen or len(call["id"]) > 80:
-            call["id"] = f"call_{turn}_{index}"
+            # a fallback may be an id the model gave another call of this reply: two calls
+            # under one id would be one effect (the second replays the first's result)
+            fallback, suffix = f"call_{turn}_{index}", 0
+            taken = seen | {str(r.get("id") or "") for r in raw_calls if isinstance(r, dict)}
+            while fallback in taken:
+                suffix += 1
+                fallback = f"call_{turn}_{index}_{suffix}"
+            call["id"] = fallback
         seen.add(call["id"])
         if index >= MAX_CALLS_PER_REPLY:
             call.update(arguments={}, refused=f"more than {MAX_CALLS_PER_REPLY} tool calls in one "
@@ -385,14 +411,46 @@ def _call_read(raw: dict) -> dict:
         return call
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
+    elif _unstorable(arguments):  # the run's state (jsonb) could not hold them: never saved
+        call["unreadable"] = ("a string holds a NUL character (\\u0000) or a lone surrogate, or "
+                              "a number is NaN or infinite: such arguments cannot be stored")
     else:
-        call["arguments"] = arguments
+        call["arguments"] = _as_stored(arguments)
     return call
 
 
-def _call_kept(call: dict) -> dict:
-    """A call as the small state holds it until answered (its wire text is in the log)."""
-    return {key: value for key, value in call.items() if key != "raw_arguments"}
+def _unstorable(value: Any) -> bool:
+    """Whether PostgreSQL's jsonb refuses `value`: a NUL, or a lone surrogate, in a string; a
+    NaN or an infinity (Python's JSON reads `NaN` and `1e999`)."""
+    if isinstance(value, str):
+        return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_unstorable(key) or _unstorable(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_unstorable(item) for item in value)
+    return False
+
+
+def _as_stored(value: Any) -> Any:
+    """`value` as it comes back from jsonb: a float Python writes with an exponent (1e+16)
+    comes back an integer. The step right after the turn reads the calls from memory, a re-run
+    after a crash from the checkpoint: their effects' digests must be the same."""
+    if isinstance(value, float) and "e+" in repr(value):
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _as_stored(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_stored(item) for item in value]
+    return value
+
+
+def _call_kept(call: dict, asked_at: str) -> dict:
+    """A call as the small state holds it until answered (its wire text is in the log), with
+    when the model asked for it: a wait that comes after another one of the reply began then."""
+    return {**{key: value for key, value in call.items() if key != "raw_arguments"},
+            "asked_at": asked_at}
 
 
 def _message_wire(message: dict) -> dict:

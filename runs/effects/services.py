@@ -133,7 +133,8 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
             status=Effect.Status.FAILED, error=error, retryable=exc.retryable,
             maybe_sent=exc.sent)
         if exc.retryable:
-            raise EffectError(f"effect {name!r} via {connector}: {exc}") from exc
+            raise EffectError(f"effect {name!r} via {connector}: {exc}",
+                              maybe_sent=exc.sent) from exc
         raise EffectRefused(f"effect {name!r} via {connector}: {exc}") from exc
     return _effect_done(effect, result)
 
@@ -209,9 +210,32 @@ def _fence(scope: Scope) -> tuple[str, list]:
             "FOR SHARE", [scope.run_id, scope.epoch])
 
 
+def _storable(value: Any) -> Any:
+    """`value` as PostgreSQL's jsonb can hold it: a NUL character, or a lone surrogate (both
+    valid in a receiver's or a model's JSON), is refused by jsonb, and a result that cannot be
+    recorded would be asked for (and a model turn paid for) again on every retry of the step.
+    Each becomes U+FFFD; everything else is left as it is."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+        return value
+    if isinstance(value, dict):
+        return {_storable(key) if isinstance(key, str) else key: _storable(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_storable(item) for item in value]
+    return value
+
+
 def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
     """Record the outcome, and model usage on the run, once (facts are never fenced: a worker
-    that lost its lease still reports truthfully what the world did)."""
+    that lost its lease still reports truthfully what the world did). The step reads what is
+    recorded (`_storable`), so a re-run replays exactly what the first run read."""
+    result = _storable(result)
     usage = result.get("usage") if isinstance(result, dict) else None
     with transaction.atomic():
         recorded = Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(

@@ -136,10 +136,15 @@ def agent_for(run: Run) -> tuple[Agent | None, str, bool]:
     except UnknownAgent as exc:
         return None, f"{exc}; deploy it or migrate the run", True
     if agent.topology_hash != run.topology_hash:
-        return None, (
-            f"agent {agent.name!r} v{agent.version} changed its steps since this run started "
-            f"(topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]}); register the "
-            "new steps as a new version and keep this one until its runs drain"), False
+        changed = (f"agent {agent.name!r} v{agent.version} changed its steps since this run "
+                   f"started (topology {run.topology_hash[:12]} -> {agent.topology_hash[:12]})")
+        if agent.kind == "tenant":  # its definition never changes: the platform's runner did,
+            # and the old runner is not kept; a new version of the definition runs on this one
+            return None, (f"{changed}: the platform's runner was upgraded; PUT the definition "
+                          "again as a new version (change anything, e.g. its description), "
+                          "then migrate the run to it"), False
+        return None, (f"{changed}; register the new steps as a new version and keep this one "
+                      "until its runs drain"), False
     return agent, "", False
 
 

@@ -16,7 +16,12 @@ from agentplatform.wiring import Wiring
 
 
 class EffectError(Exception):
-    """Raised into the step: the step's retry policy decides what happens next."""
+    """Raised into the step: the step's retry policy decides what happens next. `maybe_sent`:
+    the failed attempt may have reached the receiver (it may have acted)."""
+
+    def __init__(self, message: str = "", *, maybe_sent: bool = False):
+        super().__init__(message)
+        self.maybe_sent = maybe_sent
 
 
 class EffectRefused(EffectError):
