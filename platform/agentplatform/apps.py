@@ -29,7 +29,12 @@ class PlatformConfig(AppConfig):
         )
         from runs.definitions.registry import tenant_agent_get, tenant_agents_all
         from runs.dispatch.ports import TickHandlers, tick_handlers_wire
-        from runs.effects.services import budget_checker, effect_perform, outbox_kick
+        from runs.effects.services import (
+            budget_checker,
+            effect_outcome_unknown,
+            effect_perform,
+            outbox_kick,
+        )
         from runs.engine.ports import Ports, ports_wire
         from runs.parked import Inbox, inbox_wire
         from runs.services import child_report, run_start, runs_inspect_in_flight
@@ -37,6 +42,7 @@ class PlatformConfig(AppConfig):
 
         ports_wire(Ports(
             effect_perform=effect_perform,
+            effect_outcome_unknown=effect_outcome_unknown,
             budget_checker=budget_checker,
             outbox_kick=outbox_kick,
             sandbox_session=SandboxSession,

@@ -315,9 +315,12 @@ def _tool_run(ctx, tool: Tool, call: dict, arguments: dict) -> Any:
     except EffectError as exc:
         if ctx.attempt < ctx.agent.retry.max_attempts:
             raise  # the step's retry policy tries again (recorded calls are not redone)
+        # "Failed" would invite the model to call again, under a new key: a person says instead.
+        if exc.maybe_sent and ctx.branch is None:
+            ctx.effect_outcome_unknown(f"tool:{call['id']}")
         answer = {"error": f"the call failed, {ctx.attempt} attempts: {exc}"}
-        if exc.maybe_sent:  # "failed" would invite the model to call again: a new id, a new
-            answer.update(_OUTCOME_UNKNOWN)  # idempotency key, and the receiver acts twice
+        if exc.maybe_sent:  # a branch cannot park: the model is told, at least
+            answer.update(_OUTCOME_UNKNOWN)
         return answer
 
 

@@ -18,7 +18,7 @@ import json
 import logging
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from django.conf import settings
@@ -251,12 +251,27 @@ def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
     return result
 
 
-def _unknown_request(effect: Effect) -> dict:
+def effect_outcome_unknown(*, scope: Scope, name: str) -> NoReturn:
+    """Put an effect whose last attempt failed after it may have been sent to a person, as a
+    crash mid-send is: the step that gives up on it parks instead of acting again under another
+    name (a tenant agent's model would call the tool anew, with a new key). Approve: it was
+    delivered; reject: it is sent again under its own key."""
+    effect = Effect.objects.get(run_id=scope.run_id, scope=scope.key, name=name)
+    if effect.status != Effect.Status.DONE:
+        Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
+            status=Effect.Status.UNKNOWN, maybe_sent=True)
+        effect.status = Effect.Status.UNKNOWN
+    raise NeedsPerson("effect_outcome", _unknown_request(effect, why=(
+        f"'{effect.name}' through {effect.connector} failed after it may have reached the "
+        f"receiver ({effect.error or 'no answer'}), every try.")))
+
+
+def _unknown_request(effect: Effect, *, why: str = "") -> dict:
+    why = why or (f"A worker stopped while sending '{effect.name}' through {effect.connector}, "
+                  "which cannot tell us whether it arrived.")
     return {
         "title": f"Did '{effect.name}' go out?",
-        "body": (f"A worker stopped while sending '{effect.name}' through {effect.connector}, "
-                 "which cannot tell us whether it arrived. Approve if it was delivered; reject "
-                 "to send it again."),
+        "body": f"{why} Approve if it was delivered; reject to send it again.",
         "effect": effect.name, "connector": effect.connector, "scope": effect.scope,
         "idempotency_key": effect.idempotency_key, "error": effect.error,
     }

@@ -67,6 +67,13 @@ class StepContext:
             return ports().effect_perform(scope=self._effect_scope(), name=name, connector=connector,
                                           args=args, credential=credential)
 
+    def effect_outcome_unknown(self, name: str) -> None:
+        """Give up on effect `name` of this step, whose last attempt may have reached the
+        receiver: the run parks for a person to say whether it went out (never in a fan-out
+        branch, which cannot park: there it fails the branch)."""
+        with self._interrupting():
+            ports().effect_outcome_unknown(scope=self._effect_scope(), name=name)
+
     def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
               max_tokens: int = 1024, credential: str = "default", **options) -> dict:
         """A chat-completion call through the `model` connector: an effect, so a recorded

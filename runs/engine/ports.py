@@ -93,6 +93,8 @@ PARKING_KINDS = frozenset({
 @dataclass(frozen=True)
 class Ports:
     effect_perform: EffectPerform
+    # Park for a person an effect whose last attempt may have been sent (raises NeedsPerson).
+    effect_outcome_unknown: Callable[..., Any]
     budget_checker: BudgetChecker
     outbox_kick: Callable[[], None]  # ring the outbox deliverer once the caller commits
     sandbox_session: SandboxSessionFactory

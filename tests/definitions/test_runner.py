@@ -15,6 +15,7 @@ from runs.dispatch.models import Wakeup
 from runs.effects.models import Effect
 from runs.models import Branch, Checkpoint, LogEntry
 from tests.support.fakes.fixtures import smtp_server  # noqa: F401
+from tests.support.fakes.smtp import free_port
 from tests.support.runs import finished, kinds, start
 from tests.support.waiting import wait_for
 
@@ -265,11 +266,12 @@ def test_a_sandbox_tool_runs_in_the_jail_and_its_workspace_persists_between_turn
     assert counted["stdout"].strip() == "3"
 
 
-def test_a_tool_that_keeps_failing_is_an_answer_the_model_reads_not_a_failed_run(model, webhook):
+def test_a_tool_that_keeps_failing_unsent_is_an_answer_the_model_reads_not_a_failed_run(model, webhook):
+    # Nothing listens: each try fails before anything is sent, so telling the model is safe.
+    # (A failure after sending parks for a person: test_runner_dist.)
     a = define("poster", tools=[POST])
     model.script({a: [{"tool_calls": [post("{{input.url}}", n=1)]}, {"content": "{{tool.post.error}}"}]})
-    webhook.configure("failing_next", 3)
-    run = finished(start(a, input={"url": webhook.url}).id)
+    run = finished(start(a, input={"url": f"http://127.0.0.1:{free_port()}"}).id)
     assert run.status == "succeeded", run.error
     assert run.result["content"].startswith("the call failed, 3 attempts:")
-    assert list(webhook.state()["deliveries_by_key"].values()) == [3]  # one call, tried 3 times
+    assert "outcome_unknown" not in messages(run)[-2]["content"]

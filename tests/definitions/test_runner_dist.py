@@ -62,22 +62,29 @@ def test_a_call_whose_arguments_hold_a_nul_is_refused_with_a_reason_not_a_stuck_
     assert webhook.state()["deliveries"] == 0
 
 
-def test_a_call_that_may_have_been_acted_on_is_answered_as_unknown_not_as_failed(model, webhook):
-    """The receiver acts, then the answer is lost, three times (one key: it acts once). The
-    model must read that the call may have happened, or it calls again under a new id, a new
-    key, and the receiver acts twice."""
+def test_a_call_that_may_have_been_acted_on_parks_for_a_person_not_for_the_model(model, webhook):
+    """The receiver acts, then the answer is lost, three times (one key: it acts once). Told
+    "failed", a model calls again under a new id, a new key, and the receiver acts twice: the
+    run parks instead, and a person's "not delivered" sends it again under its own key."""
     a = define("dropped", tools=[POST])
     model.script({a: [{"tool_calls": [{"name": "post", "arguments": {
         "url": "{{input.url}}", "payload": {"n": 1}}}]},
-        {"content": "{{tool.post.outcome_unknown}}|{{tool.post.warning}}"}]})
+        {"content": "answered {{tool.post.status}}"}]})
     webhook.configure("drop_next", 3)
     run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
-    assert run.status == "succeeded", run.error
-    unknown, warning = run.result["content"].split("|", 1)
-    assert unknown == "true" and "may have acted" in warning
-    assert webhook.state()["acted"] == 1
+    assert run.status == "waiting", run.error
+    asked = Approval.objects.get(run=run, status="pending")
+    assert asked.kind == "effect_outcome" and "may have reached the receiver" in asked.request["body"]
     effect = Effect.objects.get(run=run, name__startswith="tool:")
-    assert effect.maybe_sent and effect.attempts == 3
+    assert (effect.status, effect.maybe_sent, effect.attempts) == ("unknown", True, 3)
+    assert model.state()["requests"] == 1  # the model was not told, so it could not call again
+
+    approval_decide(approval_id=asked.id, approve=False, by="ops")  # "it did not arrive": resend
+    run = finished(run.id)
+    assert run.status == "succeeded", run.error
+    assert run.result["content"] == "answered 200"
+    assert webhook.state()["acted"] == 1  # the resend carried the same key
+    assert Effect.objects.get(id=effect.id).idempotency_key == effect.idempotency_key
 
 
 def test_a_receivers_answer_with_a_nul_is_recorded_once(model, webhook, monkeypatch):
