@@ -383,6 +383,9 @@ def _call_read(raw: dict) -> dict:
     except ValueError as exc:
         call["unreadable"] = str(exc)
         return call
+    except RecursionError:  # "[[[[..." within the size limit: the model's text, not our bug
+        call.update(raw_arguments="{}", unreadable="the arguments are nested too deeply")
+        return call
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
     else:
