@@ -11,13 +11,15 @@ a request. A schema that refers to itself without end (`{"$ref": "#"}`) is an er
 RecursionError in the caller.
 """
 
+from functools import lru_cache
 from typing import Any
 
+import re2
 import referencing
 import referencing.exceptions
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, ValidationError
 from jsonschema.exceptions import SchemaError
-from jsonschema.validators import SPECIFICATIONS
+from jsonschema.validators import SPECIFICATIONS, extend
 
 REFERENCE_KEYS = ("$ref", "$dynamicRef")
 
@@ -30,8 +32,38 @@ def _retrieve_nothing(uri: str):
 REGISTRY = SPECIFICATIONS.combine(referencing.Registry(retrieve=_retrieve_nothing))
 
 
+
+class PatternUnsupported(ValueError):
+    """A pattern RE2 does not run (a backreference, lookaround) or that does not compile."""
+
+
+@lru_cache(maxsize=1024)
+def _pattern(source: str):
+    options = re2.Options()
+    options.log_errors = False  # a tenant's bad pattern is their 400, not our stderr
+    try:
+        return re2.compile(source, options)
+    except re2.error as exc:
+        raise PatternUnsupported(str(exc)) from None
+
+
+def _pattern_keyword(validator, pattern, instance, schema):
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        matched = _pattern(pattern).search(instance)
+    except PatternUnsupported as exc:
+        yield ValidationError(f"the pattern {pattern!r} cannot be applied: {exc}")
+        return
+    if not matched:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+TenantValidator = extend(Draft202012Validator, validators={"pattern": _pattern_keyword})
+
+
 def schema_validator(schema: dict) -> Draft202012Validator:
-    return Draft202012Validator(schema, registry=REGISTRY)
+    return TenantValidator(schema, registry=REGISTRY)
 
 
 def schema_problem(schema: Any) -> str:
@@ -44,16 +76,15 @@ def schema_problem(schema: Any) -> str:
         return f"is not a valid JSON Schema: {exc.message}"
     except RecursionError:
         return "is nested too deeply"
-    remote = _remote_reference(schema)
-    if remote:
-        return (f"refers to {remote!r}: a schema may refer only to its own parts (\"#/$defs/...\"); "
-                "nothing is fetched")
-    return ""
+    return _walk_problem(schema)
 
 
 def schema_errors(schema: dict, value: Any) -> list[str]:
     """Where `value` breaks `schema`, one line per failure naming its path ("$.amount: ..."),
     in path order; a schema that cannot be applied to it is one line saying why."""
+    problem = _walk_problem(schema)  # a schema stored before a check existed is checked here too
+    if problem:
+        return [f"$: the schema cannot be applied: it {problem}"]
     try:
         errors = sorted(schema_validator(schema).iter_errors(value),
                         key=lambda e: list(map(str, e.absolute_path)))
@@ -64,8 +95,9 @@ def schema_errors(schema: dict, value: Any) -> list[str]:
     return [f"{e.json_path}: {e.message}" for e in errors]
 
 
-def _remote_reference(schema: Any) -> str:
-    """The first reference in `schema` that points outside it (not "#..."), else ""."""
+def _walk_problem(schema: Any) -> str:
+    """The first reference outside `schema` (not "#..."), pattern RE2 cannot run, or
+    patternProperties in it, said as what is wrong; else ""."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -73,7 +105,18 @@ def _remote_reference(schema: Any) -> str:
             for key in REFERENCE_KEYS:
                 reference = node.get(key)
                 if isinstance(reference, str) and not reference.startswith("#"):
-                    return reference
+                    return (f"refers to {reference!r}: a schema may refer only to its own parts "
+                            "(\"#/$defs/...\"); nothing is fetched")
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                try:
+                    _pattern(pattern)
+                except PatternUnsupported as exc:
+                    return (f"has the pattern {pattern!r}, which cannot run here (no backreferences "
+                            f"or lookaround: patterns run in linear time): {exc}")
+            if isinstance(node.get("patternProperties"), dict):
+                return ("uses patternProperties, which is not supported: use propertyNames with "
+                        "a pattern, and additionalProperties")
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)

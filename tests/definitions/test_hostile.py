@@ -113,3 +113,37 @@ def test_arguments_nested_past_the_parser_are_unreadable_not_a_crashed_turn():
     deep = "[" * 5000 + "]" * 5000
     (call,) = _calls_read([{"id": "c1", "function": {"name": "t", "arguments": deep}}], turn=1)
     assert call["arguments"] == {} and "nested" in call["unreadable"]
+
+
+def _within(seconds: float, fn):
+    """fn's answer, or a failure if it takes longer (the thread is left to finish on its own)."""
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert answer, f"still running after {seconds}s"
+    return answer[0]
+
+
+def test_a_backtracking_pattern_cannot_hold_a_worker():
+    tool = definition_parse("a", {**SPEC, "tools": [
+        {"name": "t", "kind": "mcp", "server": "s",
+         "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "^(a+)+$"}}}}]}
+    ).tools[0]
+    assert _within(5, lambda: tool.argument_errors({"x": "a" * 64 + "!"}))
+    assert tool.argument_errors({"x": "aaa"}) == []
+    agent = Agent("a", version=1, definition=object(),
+                  input_schema={"properties": {"x": {"pattern": "^(a|aa)+$"}}})
+    assert _within(5, lambda: agent.input_errors({"x": "a" * 64 + "!"}))
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "string", "pattern": "^(a)\\1$"}, "cannot run here"),
+    ({"type": "string", "pattern": "^(?=a)"}, "cannot run here"),
+    ({"type": "object", "patternProperties": {"^(a+)+$": {}}}, "patternProperties"),
+])
+def test_patterns_that_cannot_run_in_linear_time_are_refused_on_write(schema, says):
+    spec = {**SPEC, "input_schema": {"type": "object", "properties": {"x": schema}}}
+    with pytest.raises(DefinitionInvalid) as caught:
+        definition_parse("a", spec)
+    assert says in caught.value.fields["input_schema"][0]
