@@ -72,6 +72,9 @@ WAIT_FOR_APPROVAL_PARAMETERS = {
     "properties": {"question": {"type": "string", "description": "what to ask the person"},
                    "artifact": {"description": "what the person approves, and may edit"}}}
 ANY_OBJECT = {"type": "object"}
+# ctx.effect(name, connector, credential=..., **arguments): an argument by one of these names
+# would be a TypeError in the worker (a crashed step, not an answer the model reads)
+EFFECT_KEYWORDS = {"name", "connector", "credential"}
 
 
 class DefinitionInvalid(ValueError):
@@ -132,6 +135,11 @@ class Tool:
         """Where `arguments` break the tool's parameter schema (`$.amount: ...`), one per line."""
         if not isinstance(arguments, dict):
             return ["$: arguments must be a JSON object"]
+        if self.kind == "connector":  # they travel as ctx.effect's keywords, beside its own
+            taken = sorted(set(arguments) & EFFECT_KEYWORDS)
+            if taken:
+                return [f"$.{key}: not an argument a tool may pass (the definition chooses it)"
+                        for key in taken]
         return schema_errors(self.parameters, arguments)
 
     @property

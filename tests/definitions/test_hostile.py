@@ -147,3 +147,19 @@ def test_patterns_that_cannot_run_in_linear_time_are_refused_on_write(schema, sa
     with pytest.raises(DefinitionInvalid) as caught:
         definition_parse("a", spec)
     assert says in caught.value.fields["input_schema"][0]
+
+
+def test_a_loose_connector_schema_cannot_pass_the_effect_its_credential_or_name():
+    tool = definition_parse("a", {**SPEC, "tools": [
+        {"name": "post", "kind": "connector", "action": "webhook.post", "parameters": {"type": "object"}}]}
+    ).tools[0]
+    for key in ("credential", "name", "connector"):
+        problems = tool.argument_errors({"url": "https://example.com/", "payload": {}, key: "other"})
+        assert problems == [f"$.{key}: not an argument a tool may pass (the definition chooses it)"]
+    assert tool.argument_errors({"url": "https://example.com/", "payload": {}}) == []
+
+    def effect(name, connector, *, credential="default", **args):  # ctx.effect's signature
+        return args
+
+    with pytest.raises(TypeError):  # what a worker did with such a call before it was refused
+        effect("tool:c1", "webhook", credential="default", **{"credential": "other"})
