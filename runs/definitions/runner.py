@@ -36,6 +36,7 @@ state fields at the first visit.
 """
 
 import json
+import math
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -379,7 +380,7 @@ def _call_read(raw: dict) -> dict:
                     f"the {MAX_ARGUMENT_CHARS} a call may have: this call was not made")
         return call
     try:
-        arguments = json.loads(text)
+        arguments = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
     except ValueError as exc:
         call["unreadable"] = str(exc)
         return call
@@ -391,6 +392,18 @@ def _call_read(raw: dict) -> dict:
     else:
         call["arguments"] = arguments
     return call
+
+
+def _not_finite(text: str):
+    raise ValueError(f"{text} is not a finite number (jsonb, and JSON itself, have none)")
+
+
+def _finite(text: str) -> float:
+    """A number the run's state can hold: 1e999 parses to inf, which jsonb refuses."""
+    number = float(text)
+    if not math.isfinite(number):
+        _not_finite(text)
+    return number
 
 
 def _call_kept(call: dict) -> dict:

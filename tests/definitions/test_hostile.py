@@ -163,3 +163,11 @@ def test_a_loose_connector_schema_cannot_pass_the_effect_its_credential_or_name(
 
     with pytest.raises(TypeError):  # what a worker did with such a call before it was refused
         effect("tool:c1", "webhook", credential="default", **{"credential": "other"})
+
+
+@pytest.mark.parametrize("text", ['{"amount": NaN}', '{"amount": 1e999}', '{"amount": -Infinity}'])
+def test_arguments_with_numbers_json_has_not_are_unreadable(text):
+    """PostgreSQL's jsonb refuses NaN and Infinity: kept in the run's state they failed every
+    checkpoint of the step; and NaN passes no approval rule's comparison."""
+    (call,) = _calls_read([{"id": "c1", "function": {"name": "t", "arguments": text}}], turn=1)
+    assert call["arguments"] == {} and "finite" in call["unreadable"]
