@@ -101,6 +101,9 @@ class ModelConnector(Connector):
             headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                      "Idempotency-Key": call.idempotency_key})
         answer = response.json()
+        if response.status < 400 and not isinstance(answer, dict):
+            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
+                                 "object, without NaN or Infinity)", retryable=False, sent=True)
         if response.status >= 400 or not isinstance(answer, dict):
             error = (answer or {}).get("error") if isinstance(answer, dict) else None
             detail = error.get("message") if isinstance(error, dict) else None
@@ -142,6 +145,9 @@ class ModelConnector(Connector):
             headers={"x-api-key": api_key, "anthropic-version": anthropic_messages.VERSION,
                      "Content-Type": "application/json", "Idempotency-Key": call.idempotency_key})
         answer = response.json()
+        if response.status < 400 and not isinstance(answer, dict):
+            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
+                                 "object, without NaN or Infinity)", retryable=False, sent=True)
         if response.status >= 400 or not isinstance(answer, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
             detail = error.get("message") if isinstance(error, dict) else None

@@ -87,6 +87,17 @@ class DeadlineReader(io.RawIOBase):
         return io.BufferedReader(self)
 
 
+def _not_json(text: str):
+    raise ValueError(f"{text} is not JSON")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        _not_json(text)
+    return number
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
@@ -94,9 +105,11 @@ class Response:
     body: bytes
 
     def json(self) -> Any:
+        """The body as JSON, or None. NaN and Infinity are not JSON (json.loads reads them; a
+        jsonb column, where a result is kept, refuses them)."""
         try:
-            return json.loads(self.body or b"null")
-        except ValueError:
+            return json.loads(self.body or b"null", parse_constant=_not_json, parse_float=_finite)
+        except (ValueError, RecursionError):
             return None
 
     def retry_after(self) -> str:

@@ -114,3 +114,12 @@ def test_a_provider_cannot_lower_or_overflow_what_a_run_spent(model, hostile_pro
     assert all(0 <= count < 2 ** 62 for count in counts.values()), counts  # a bigint column's
     assert counts["total_tokens"] >= counts["prompt_tokens"] + counts["completion_tokens"]
     assert 0 <= result["cost_usd"]
+
+
+def test_an_answer_with_numbers_json_has_not_is_refused_not_recorded(model, hostile_provider, call):
+    """json.loads reads NaN and Infinity; PostgreSQL's jsonb does not: kept in the result, they
+    failed the ledger's write after the turn was paid for, and each retry paid again."""
+    hostile_provider.body = {"id": float("nan"), "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                             "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+    with pytest.raises(ConnectorError, match="not JSON"):
+        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
