@@ -41,6 +41,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from agentplatform.parsers import json_shape
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
 from runs.engine.ports import EffectError, EffectRefused
@@ -389,6 +390,10 @@ def _call_read(raw: dict) -> dict:
         return call
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
+        return call
+    _, unstorable = json_shape(arguments)  # what the run's state (jsonb) cannot hold
+    if unstorable:
+        call["unreadable"] = unstorable
     else:
         call["arguments"] = arguments
     return call

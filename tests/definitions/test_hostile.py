@@ -171,3 +171,11 @@ def test_arguments_with_numbers_json_has_not_are_unreadable(text):
     checkpoint of the step; and NaN passes no approval rule's comparison."""
     (call,) = _calls_read([{"id": "c1", "function": {"name": "t", "arguments": text}}], turn=1)
     assert call["arguments"] == {} and "finite" in call["unreadable"]
+
+
+@pytest.mark.parametrize("text", ['{"x": "a\\u0000b"}', '{"x\\u0000": 1}', '{"x": "\\ud800"}'])
+def test_arguments_jsonb_cannot_store_are_unreadable(text):
+    """U+0000 and lone surrogates parse to Python strings that PostgreSQL's jsonb refuses: kept
+    in the run's state, they failed every checkpoint of the step."""
+    (call,) = _calls_read([{"id": "c1", "function": {"name": "t", "arguments": text}}], turn=1)
+    assert call["arguments"] == {} and call["unreadable"]
