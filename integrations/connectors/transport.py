@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from agentplatform.addresses import address_refusal
+from agentplatform.parsers import json_shape
 
 from .base import ConnectorError
 
@@ -87,17 +88,6 @@ class DeadlineReader(io.RawIOBase):
         return io.BufferedReader(self)
 
 
-def _not_json(text: str):
-    raise ValueError(f"{text} is not JSON")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if number in (float("inf"), float("-inf")):
-        _not_json(text)
-    return number
-
-
 @dataclass(frozen=True)
 class Response:
     status: int
@@ -105,12 +95,13 @@ class Response:
     body: bytes
 
     def json(self) -> Any:
-        """The body as JSON, or None. NaN and Infinity are not JSON (json.loads reads them; a
-        jsonb column, where a result is kept, refuses them)."""
+        """The body as JSON, or None; also None for JSON a jsonb column (where a result is
+        kept) refuses: NaN, Infinity, U+0000, a lone surrogate (json.loads reads them all)."""
         try:
-            return json.loads(self.body or b"null", parse_constant=_not_json, parse_float=_finite)
+            value = json.loads(self.body or b"null")
         except (ValueError, RecursionError):
             return None
+        return None if json_shape(value)[1] else value
 
     def retry_after(self) -> str:
         value = self.headers.get("retry-after", "")

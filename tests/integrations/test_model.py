@@ -123,3 +123,11 @@ def test_an_answer_with_numbers_json_has_not_is_refused_not_recorded(model, host
                              "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
     with pytest.raises(ConnectorError, match="not JSON"):
         model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
+
+
+@pytest.mark.parametrize("content", ["a\x00b", "\ud800"])
+def test_an_answer_jsonb_cannot_store_is_refused_not_recorded(model, hostile_provider, call, content):
+    hostile_provider.body = {"usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                             "choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
+    with pytest.raises(ConnectorError, match="not JSON"):
+        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
