@@ -37,10 +37,15 @@ class PatternUnsupported(ValueError):
     """A pattern RE2 does not run (a backreference, lookaround) or that does not compile."""
 
 
-@lru_cache(maxsize=1024)
+PATTERN_MEMORY = 1 << 20  # bytes RE2 may use per pattern (its default is 8 MiB): past it, refused
+PATTERNS_CACHED = 256  # compiled patterns a process keeps: at most PATTERN_MEMORY each
+
+
+@lru_cache(maxsize=PATTERNS_CACHED)
 def _pattern(source: str):
     options = re2.Options()
     options.log_errors = False  # a tenant's bad pattern is their 400, not our stderr
+    options.max_mem = PATTERN_MEMORY
     try:
         return re2.compile(source, options)
     except re2.error as exc:
