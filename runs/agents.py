@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from jsonschema import Draft202012Validator
 
+from agentplatform.schemas import schema_errors
 from agentplatform.wiring import Wiring
 
 from .transitions import Transition
@@ -111,9 +112,7 @@ class Agent:
         the path in the input (`$.employee.email`); empty when it conforms or has no schema."""
         if self.input_schema is None:
             return []
-        validator = Draft202012Validator(self.input_schema)
-        errors = sorted(validator.iter_errors(input), key=lambda e: list(map(str, e.absolute_path)))
-        return [f"{e.json_path}: {e.message}" for e in errors]
+        return schema_errors(self.input_schema, input)  # a tenant's schema: never fetches a $ref
 
     def step(self, *, next: Iterable[str] = (), start: bool = False,
              retry: RetryPolicy | None = None, name: str | None = None):

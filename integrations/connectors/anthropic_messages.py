@@ -77,7 +77,7 @@ def answer_result(answer: dict[str, Any], *, model: str) -> dict[str, Any]:
             + int(usage.get("cache_read_input_tokens") or 0)
         completion = int(usage.get("output_tokens", 0))
         assert isinstance(blocks, list)
-    except (KeyError, TypeError, ValueError, AssertionError):
+    except (KeyError, TypeError, ValueError, OverflowError, AssertionError):
         raise ConnectorError("model: the provider's answer has no content", retryable=False,
                              sent=True) from None
     texts = [block.get("text") or "" for block in blocks

@@ -32,6 +32,17 @@ OPTIONAL = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop
             "tool_choice", "response_format", "user")
 RETRYABLE_STATUS = {408, 409, 429}
 API_FORMATS = ("openai", "anthropic")
+# The most tokens one answer is counted as: usage is the provider's word, and a run's
+# tokens_used is a bigint, so a count is kept between 0 (a negative one would give budget back)
+# and this (past it the ledger's write would fail after the turn was paid for).
+MAX_TOKENS_COUNTED = 10 ** 12
+
+
+def _usage(prompt: int, completion: int, total: int | None = None) -> dict[str, int]:
+    prompt, completion = (min(max(count, 0), MAX_TOKENS_COUNTED) for count in (prompt, completion))
+    total = prompt + completion if total is None else min(max(total, prompt + completion),
+                                                          2 * MAX_TOKENS_COUNTED)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
 
 def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
@@ -90,6 +101,9 @@ class ModelConnector(Connector):
             headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                      "Idempotency-Key": call.idempotency_key})
         answer = response.json()
+        if response.status < 400 and not isinstance(answer, dict):
+            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
+                                 "object, without NaN or Infinity)", retryable=False, sent=True)
         if response.status >= 400 or not isinstance(answer, dict):
             error = (answer or {}).get("error") if isinstance(answer, dict) else None
             detail = error.get("message") if isinstance(error, dict) else None
@@ -101,8 +115,9 @@ class ModelConnector(Connector):
         try:
             choice = answer["choices"][0]
             usage = answer.get("usage") or {}
-            prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-        except (KeyError, IndexError, TypeError, ValueError):
+            counts = _usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                            int(usage.get("total_tokens") or 0) or None)
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError):
             raise ConnectorError("model: the provider's answer has no choices", retryable=False,
                                  sent=True) from None
         message = choice.get("message") or {}
@@ -111,9 +126,8 @@ class ModelConnector(Connector):
             "model": answer.get("model", args["model"]),
             "content": message.get("content"),
             "finish_reason": choice.get("finish_reason"),
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": int(usage.get("total_tokens", prompt + completion))},
-            "cost_usd": cost_usd(args["model"], prompt, completion),
+            "usage": counts,
+            "cost_usd": cost_usd(args["model"], counts["prompt_tokens"], counts["completion_tokens"]),
         }
         if message.get("tool_calls"):
             result["tool_calls"] = message["tool_calls"]
@@ -131,6 +145,9 @@ class ModelConnector(Connector):
             headers={"x-api-key": api_key, "anthropic-version": anthropic_messages.VERSION,
                      "Content-Type": "application/json", "Idempotency-Key": call.idempotency_key})
         answer = response.json()
+        if response.status < 400 and not isinstance(answer, dict):
+            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
+                                 "object, without NaN or Infinity)", retryable=False, sent=True)
         if response.status >= 400 or not isinstance(answer, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
             detail = error.get("message") if isinstance(error, dict) else None
@@ -141,7 +158,8 @@ class ModelConnector(Connector):
                 retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
                 sent=response.status >= 500)
         result = anthropic_messages.answer_result(answer, model=args["model"])
-        usage = result["usage"]
+        counted = result["usage"]
+        usage = result["usage"] = _usage(counted["prompt_tokens"], counted["completion_tokens"])
         result["cost_usd"] = cost_usd(args["model"], usage["prompt_tokens"], usage["completion_tokens"])
         return result
 

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from agentplatform.addresses import address_refusal
+from agentplatform.parsers import json_shape
 
 from .base import ConnectorError
 
@@ -94,10 +95,13 @@ class Response:
     body: bytes
 
     def json(self) -> Any:
+        """The body as JSON, or None; also None for JSON a jsonb column (where a result is
+        kept) refuses: NaN, Infinity, U+0000, a lone surrogate (json.loads reads them all)."""
         try:
-            return json.loads(self.body or b"null")
-        except ValueError:
+            value = json.loads(self.body or b"null")
+        except (ValueError, RecursionError):
             return None
+        return None if json_shape(value)[1] else value
 
     def retry_after(self) -> str:
         value = self.headers.get("retry-after", "")

@@ -43,6 +43,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from agentplatform.parsers import json_shape
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
 from runs.engine.ports import EffectError, EffectRefused
@@ -408,32 +409,22 @@ def _call_read(raw: dict) -> dict:
                     f"the {MAX_ARGUMENT_CHARS} a call may have: this call was not made")
         return call
     try:
-        arguments = json.loads(text)
+        arguments = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
     except ValueError as exc:
         call["unreadable"] = str(exc)
         return call
+    except RecursionError:  # "[[[[..." within the size limit: the model's text, not our bug
+        call.update(raw_arguments="{}", unreadable="the arguments are nested too deeply")
+        return call
     if not isinstance(arguments, dict):
         call["unreadable"] = f"got {type(arguments).__name__}"
-    elif _unstorable(arguments):  # the run's state (jsonb) could not hold them: never saved
-        call["unreadable"] = ("a string holds a NUL character (\\u0000) or a lone surrogate, or "
-                              "a number is NaN or infinite: such arguments cannot be stored")
+        return call
+    _, unstorable = json_shape(arguments)  # what the run's state (jsonb) cannot hold
+    if unstorable:
+        call["unreadable"] = unstorable
     else:
         call["arguments"] = _as_stored(arguments)
     return call
-
-
-def _unstorable(value: Any) -> bool:
-    """Whether PostgreSQL's jsonb refuses `value`: a NUL, or a lone surrogate, in a string; a
-    NaN or an infinity (Python's JSON reads `NaN` and `1e999`)."""
-    if isinstance(value, str):
-        return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_unstorable(key) or _unstorable(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_unstorable(item) for item in value)
-    return False
 
 
 def _as_stored(value: Any) -> Any:
@@ -454,6 +445,18 @@ def _call_kept(call: dict, asked_at: str) -> dict:
     when the model asked for it: a wait that comes after another one of the reply began then."""
     return {**{key: value for key, value in call.items() if key != "raw_arguments"},
             "asked_at": asked_at}
+
+
+def _not_finite(text: str):
+    raise ValueError(f"{text} is not a finite number (jsonb, and JSON itself, have none)")
+
+
+def _finite(text: str) -> float:
+    """A number the run's state can hold: 1e999 parses to inf, which jsonb refuses."""
+    number = float(text)
+    if not math.isfinite(number):
+        _not_finite(text)
+    return number
 
 
 def _message_wire(message: dict) -> dict:

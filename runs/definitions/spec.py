@@ -22,12 +22,12 @@ path in the JSON ("tools[2].approval") to what is wrong there.
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from agentplatform.schemas import schema_errors, schema_problem
 
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # what OpenAI and Anthropic accept
@@ -72,6 +72,9 @@ WAIT_FOR_APPROVAL_PARAMETERS = {
     "properties": {"question": {"type": "string", "description": "what to ask the person"},
                    "artifact": {"description": "what the person approves, and may edit"}}}
 ANY_OBJECT = {"type": "object"}
+# ctx.effect(name, connector, credential=..., **arguments): an argument by one of these names
+# would be a TypeError in the worker (a crashed step, not an answer the model reads)
+EFFECT_KEYWORDS = {"name", "connector", "credential"}
 
 
 class DefinitionInvalid(ValueError):
@@ -99,8 +102,8 @@ class Approval:
         if self.mode != "rule":
             return self.mode == "always"
         found, value = _lookup(arguments, self.argument)
-        if not found:
-            return True
+        if not found or (isinstance(value, float) and not math.isfinite(value)):
+            return True  # NaN passes no comparison; JSON's NaN and 1e999 parse to floats
         if self.operator == "equals":
             return value == self.value
         if self.operator == "in":
@@ -132,9 +135,12 @@ class Tool:
         """Where `arguments` break the tool's parameter schema (`$.amount: ...`), one per line."""
         if not isinstance(arguments, dict):
             return ["$: arguments must be a JSON object"]
-        validator = Draft202012Validator(self.parameters)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
-        return [f"{e.json_path}: {e.message}" for e in errors]
+        if self.kind == "connector":  # they travel as ctx.effect's keywords, beside its own
+            taken = sorted(set(arguments) & EFFECT_KEYWORDS)
+            if taken:
+                return [f"$.{key}: not an argument a tool may pass (the definition chooses it)"
+                        for key in taken]
+        return schema_errors(self.parameters, arguments)
 
     @property
     def function(self) -> dict:
@@ -217,7 +223,7 @@ def definition_parse(name: str, spec: Any, *, credentials: set[tuple[str, str]] 
     if input_example is not None and not isinstance(input_example, dict):
         errors.add("input_example", "must be a JSON object")
     elif input_example is not None and isinstance(input_schema, dict) and "input_schema" not in errors.fields:
-        for problem in _schema_errors(input_schema, input_example):
+        for problem in schema_errors(input_schema, input_example):
             errors.add("input_example", f"does not match input_schema: {problem}")
     tools = _tools(errors, spec.get("tools", []), credentials)
     limits = _limits(errors, spec.get("limits", {}))
@@ -245,20 +251,11 @@ def _string(errors, data, key, path, *, default=None, limit):
 
 
 def _schema(errors, path, schema) -> bool:
-    if not isinstance(schema, dict):
-        errors.add(path, "must be a JSON Schema object")
-        return False
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        errors.add(path, f"is not a valid JSON Schema: {exc.message}")
+    problem = schema_problem(schema)  # no remote $ref: nothing a tenant writes is fetched
+    if problem:
+        errors.add(path, problem)
         return False
     return True
-
-
-def _schema_errors(schema: dict, value: Any) -> list[str]:
-    validator = Draft202012Validator(schema)
-    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(value)]
 
 
 def _model(errors, data, credentials) -> ModelSettings:

@@ -3,11 +3,14 @@ a subprocess): one tools/call per effect, recorded by the ledger; a call whose o
 hid is put to a person, never made twice; the tenant's URL passes the SSRF guard; one tenant
 never reaches another's server."""
 
+import json
+
 import anyio
 import httpcore2
 import pytest
 from django_tenants.utils import tenant_context
 
+from agentplatform.parsers import json_shape
 from integrations.connectors import ConnectorError, Lookup, connector_get
 from integrations.connectors import mcp as mcp_connector
 from integrations.connectors import transport as connector_transport
@@ -210,3 +213,11 @@ def test_the_pinned_network_backend_reaches_no_other_host():
     for host, port in [("metadata.google.internal", 80), ("127.0.0.1", 443), ("docs.acme.example", 80)]:
         with pytest.raises(httpcore2.ConnectError, match="only the checked destination"):
             anyio.run(backend.connect_tcp, host, port)
+
+
+def test_an_answer_jsonb_cannot_store_is_kept_storable(mcp, mcp_server, call):
+    """The tool ran: its answer must be recordable (jsonb refuses U+0000 and lone surrogates),
+    or the ledger's write fails after the call and the run cannot tell whether it acted."""
+    result = mcp.execute(call({"tool": "echo", "arguments": {"text": "a\x00b"}}, {"url": mcp_server.url}))
+    assert json_shape(result)[1] is None
+    assert "a\ufffdb" in json.dumps(result, ensure_ascii=False)

@@ -1,5 +1,9 @@
 """The model connector against a fake OpenAI-compatible provider: content, usage and cost."""
 
+import http.server
+import json
+import threading
+
 import pytest
 
 from integrations.connectors import ConnectorError, connector_get
@@ -60,3 +64,70 @@ def test_provider_errors_map_to_retryable_or_not(model, fake_openai, call):
         model.execute(call({**ask("x"), "model": "unknown-9"}, creds(fake_openai)))
     assert not unknown.value.retryable
     assert fake_openai.state()["requests"] == 0
+
+
+@pytest.fixture
+def hostile_provider():
+    """A provider on loopback that answers every request with `answer.body` (a hostile one)."""
+
+    class Answer:
+        body: dict = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            raw = json.dumps(Answer.body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Answer.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield Answer
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("api_format, usage", [
+    ("openai", {"prompt_tokens": -10 ** 9, "completion_tokens": -5, "total_tokens": -10 ** 9}),
+    ("openai", {"prompt_tokens": 10 ** 30, "completion_tokens": 1, "total_tokens": 10 ** 30}),
+    ("anthropic", {"input_tokens": -10 ** 9, "output_tokens": -5}),
+    ("anthropic", {"input_tokens": 10 ** 30, "output_tokens": 1}),
+])
+def test_a_provider_cannot_lower_or_overflow_what_a_run_spent(model, hostile_provider, call,
+                                                              api_format, usage):
+    """Usage is the provider's word: a negative count would give a run budget back, one past a
+    bigint would fail the ledger's write after the turn was paid for."""
+    hostile_provider.body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                             "usage": usage} if api_format == "openai" else \
+        {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+         "content": [{"type": "text", "text": "hi"}], "usage": usage}
+    result = model.execute(call(ask("x"), {"api_key": API_KEY, "api_format": api_format,
+                                           "base_url": hostile_provider.url + "/v1"}))
+    counts = result["usage"]
+    assert all(0 <= count < 2 ** 62 for count in counts.values()), counts  # a bigint column's
+    assert counts["total_tokens"] >= counts["prompt_tokens"] + counts["completion_tokens"]
+    assert 0 <= result["cost_usd"]
+
+
+def test_an_answer_with_numbers_json_has_not_is_refused_not_recorded(model, hostile_provider, call):
+    """json.loads reads NaN and Infinity; PostgreSQL's jsonb does not: kept in the result, they
+    failed the ledger's write after the turn was paid for, and each retry paid again."""
+    hostile_provider.body = {"id": float("nan"), "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                             "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+    with pytest.raises(ConnectorError, match="not JSON"):
+        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
+
+
+@pytest.mark.parametrize("content", ["a\x00b", "\ud800"])
+def test_an_answer_jsonb_cannot_store_is_refused_not_recorded(model, hostile_provider, call, content):
+    hostile_provider.body = {"usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                             "choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
+    with pytest.raises(ConnectorError, match="not JSON"):
+        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
