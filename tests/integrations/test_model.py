@@ -4,6 +4,7 @@ import pytest
 
 from integrations.connectors import ConnectorError, connector_get
 from integrations.connectors.model import cost_usd
+from tests.support.fakes import FakeServer
 
 API_KEY = "sk-acme-secret"
 
@@ -60,3 +61,29 @@ def test_provider_errors_map_to_retryable_or_not(model, fake_openai, call):
         model.execute(call({**ask("x"), "model": "unknown-9"}, creds(fake_openai)))
     assert not unknown.value.retryable
     assert fake_openai.state()["requests"] == 0
+
+
+class NotAModel(FakeServer):
+    """A server at the model's base_url that is not a model provider: 200 and a web page."""
+
+    name = "not-a-model"
+
+    def reset(self) -> None:
+        pass
+
+    def state(self) -> dict:
+        return {}
+
+    def handle(self, method, path, query, headers, raw):
+        return 200, "<html>Sign in to the proxy</html>", {}
+
+
+def test_an_answer_that_is_not_a_json_object_says_so_and_shows_its_start(model, call):
+    server = NotAModel().start()
+    try:
+        with pytest.raises(ConnectorError, match=r"HTTP 200, but the answer is not a JSON object.*"
+                                                 r"is base_url right.*Sign in to the proxy") as raised:
+            model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": f"{server.url}/v1"}))
+        assert not raised.value.retryable
+    finally:
+        server.stop()
