@@ -134,16 +134,19 @@ def _answer(response: transport.Response) -> dict[str, Any]:
     error with the provider's own message (both formats put it at error.message), or an answer
     that is not JSON at all (a proxy's HTML page, a server that is not a model provider)."""
     answer = response.json()
+    start = (response.body or b"")[:200].decode("utf-8", "replace")
     if response.status >= 400:
         error = answer.get("error") if isinstance(answer, dict) else None
         detail = error.get("message") if isinstance(error, dict) else None
+        if not detail and not isinstance(answer, dict) and start.strip():
+            # not a provider's error: a web page, another server (a 404 here: is base_url right?)
+            detail = f"the answer is not a provider's JSON error: {start!r}"
         raise ConnectorError(
             f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
             + response.retry_after(),
             retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
             sent=response.status >= 500)
     if not isinstance(answer, dict):
-        start = (response.body or b"")[:200].decode("utf-8", "replace")
         raise ConnectorError(
             f"model: HTTP {response.status}, but the answer is not a JSON object, so this is not a "
             f"model provider's answer (is base_url right?): {start!r}", retryable=False, sent=True)

@@ -74,8 +74,10 @@ class NotAModel(FakeServer):
     def state(self) -> dict:
         return {}
 
+    status = 200
+
     def handle(self, method, path, query, headers, raw):
-        return 200, "<html>Sign in to the proxy</html>", {}
+        return self.status, "<html>Sign in to the proxy</html>", {}
 
 
 def test_an_answer_that_is_not_a_json_object_says_so_and_shows_its_start(model, call):
@@ -85,5 +87,9 @@ def test_an_answer_that_is_not_a_json_object_says_so_and_shows_its_start(model, 
                                                  r"is base_url right.*Sign in to the proxy") as raised:
             model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": f"{server.url}/v1"}))
         assert not raised.value.retryable
+        server.status = 404  # a web server's page where the API should be
+        with pytest.raises(ConnectorError, match=r"HTTP 404: the answer is not a provider's JSON "
+                                                 r"error: '\"<html>Sign in"):
+            model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": f"{server.url}/v1"}))
     finally:
         server.stop()
