@@ -295,3 +295,16 @@ def test_the_run_page_shows_the_conversation_with_each_call_linked_to_its_effect
     other = signed_in(person(globex, "owner"))  # the run is not in globex's schema
     assert other.get(f"/t/globex/runs/{run.id}/messages/3").status_code == 404
 
+
+def test_deleting_a_credential_asks_first_naming_the_agents_it_would_break(acme, credentials, owner):
+    name, label = agent_name(), f"l{uuid.uuid4().hex[:8]}"
+    with tenant_context(acme):
+        credential_set(connector="payments", label=label, secrets={"secret_key": "sk_test_x"})
+        definition_create(name=name, by="test", spec={
+            "model": {"name": "m"}, "instructions": "Pay.",
+            "tools": [{"name": "pay", "kind": "connector", "action": "payments.charge",
+                       "credential": label}]})
+    page = signed_in(owner).get(f"/t/acme/settings/credentials/payments/{label}/delete").content.decode()
+    assert f"This tenant&#x27;s agents name it: {name} v1; their calls of it are not made" in page
+    model = signed_in(owner).get("/t/acme/settings/credentials/model/default/delete").content.decode()
+    assert f"{name} v1" in model and "their runs fail at the next model turn" in model
