@@ -409,7 +409,9 @@ def _tool(errors, path, item, credentials) -> Tool | None:
     if parameters_valid and parameters.get("type", "object") != "object":
         errors.add(f"{path}.parameters", "must describe an object (\"type\": \"object\")")
     approval = _approval(errors, f"{path}.approval", item.get("approval", "never"), kind)
-    if parameters_valid and approval.mode == "rule" and approval.argument:
+    # Checked on write only (credentials given): a version stored before this check existed
+    # must still read back, and its calls still wait for a person when the argument is missing.
+    if parameters_valid and approval.mode == "rule" and approval.argument and credentials is not None:
         problem = _rule_problem(approval, parameters)
         if problem:
             errors.add(f"{path}.approval.argument", problem)

@@ -40,4 +40,12 @@ def test_a_rule_on_an_argument_the_tool_does_not_declare_is_refused_with_the_one
     # a dotted path into declared properties, and parameters that declare none, are accepted
     for parameters, argument in ((nested, "invoice.total"), ({"type": "object"}, "anything")):
         definition_parse("payer", {"model": {"name": "m"}, "instructions": "Pay.", "tools": [
-            {**tool, "parameters": parameters, "approval": {"argument": argument, "above": 5}}]})
+            {**tool, "parameters": parameters, "approval": {"argument": argument, "above": 5}}]},
+            credentials=CREDENTIALS)
+
+
+def test_a_version_stored_before_the_rule_check_still_reads_back_and_asks_a_person():
+    stored = {"model": {"name": "m"}, "instructions": "Pay.",
+              "tools": [{**PAY, "approval": {"argument": "amout", "above": 500}}]}
+    definition = definition_parse("payer", stored)  # read back: credentials=None
+    assert definition.tool("pay").approval.needed({"amount": 1})  # missing argument: a person
