@@ -4,11 +4,14 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from .models import AgentDefinition, AgentLimits
-from .spec import ACTIONS, LIMITS
+from .spec import ACTIONS, AGENT_NAME, LIMITS
 
 
 def definition_versions(*, name: str) -> QuerySet[AgentDefinition]:
-    """Every version of one definition, newest first."""
+    """Every version of one definition, newest first; none for a name no definition can have
+    (checked here, once for every caller: a URL's NUL byte would not even reach PostgreSQL)."""
+    if not isinstance(name, str) or not AGENT_NAME.fullmatch(name):
+        return AgentDefinition.objects.none()
     return AgentDefinition.objects.filter(name=name).order_by("-version")
 
 

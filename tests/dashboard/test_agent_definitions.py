@@ -308,3 +308,11 @@ def test_deleting_a_credential_asks_first_naming_the_agents_it_would_break(acme,
     assert f"This tenant&#x27;s agents name it: {name} v1; their calls of it are not made" in page
     model = signed_in(owner).get("/t/acme/settings/credentials/model/default/delete").content.decode()
     assert f"{name} v1" in model and "their runs fail at the next model turn" in model
+
+
+def test_a_name_no_agent_can_have_is_a_404_on_every_page(acme, credentials, owner):
+    client = signed_in(owner)
+    for name in ("a%00b", "UPPER", "x" * 80):
+        for url in (f"/t/acme/agents/{name}", f"/t/acme/agents/{name}/edit",
+                    f"/t/acme/agents/{name}/retire", f"/t/acme/agents/{name}/versions/1"):
+            assert client.get(url).status_code == 404, url
