@@ -91,7 +91,9 @@ class EmailConnector(Connector):
                     "username": settings.EMAIL_HOST_USER, "password": settings.EMAIL_HOST_PASSWORD,
                     "use_tls": settings.EMAIL_USE_TLS, "use_ssl": settings.EMAIL_USE_SSL}
             sender = settings.DEFAULT_FROM_EMAIL
-            reply_to = [args["from"]] if args.get("from") else []
+            # the tenant's address (the call's, else its credential's) is where answers go
+            tenant_from = args.get("from") or creds.get("from")
+            reply_to = [tenant_from] if tenant_from else []
         backend = PinnedEmailBackend(destination=destination, deadline=deadline,
                                      fail_silently=False, timeout=deadline.seconds, **smtp)
         message = EmailMessage(

@@ -100,18 +100,7 @@ class ModelConnector(Connector):
             operator=not tenant_url,
             headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                      "Idempotency-Key": call.idempotency_key})
-        answer = response.json()
-        if response.status < 400 and not isinstance(answer, dict):
-            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
-                                 "object, without NaN or Infinity)", retryable=False, sent=True)
-        if response.status >= 400 or not isinstance(answer, dict):
-            error = (answer or {}).get("error") if isinstance(answer, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else None
-            raise ConnectorError(
-                f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
-                + response.retry_after(),
-                retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
-                sent=response.status >= 500)
+        answer = _answer(response)
         try:
             choice = answer["choices"][0]
             usage = answer.get("usage") or {}
@@ -144,24 +133,37 @@ class ModelConnector(Connector):
             operator=not tenant_url,
             headers={"x-api-key": api_key, "anthropic-version": anthropic_messages.VERSION,
                      "Content-Type": "application/json", "Idempotency-Key": call.idempotency_key})
-        answer = response.json()
-        if response.status < 400 and not isinstance(answer, dict):
-            raise ConnectorError(f"model: HTTP {response.status}, but the answer is not JSON (an "
-                                 "object, without NaN or Infinity)", retryable=False, sent=True)
-        if response.status >= 400 or not isinstance(answer, dict):
-            error = answer.get("error") if isinstance(answer, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else None
-            # 529 is Anthropic's "overloaded": a 5xx like the others, tried again
-            raise ConnectorError(
-                f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
-                + response.retry_after(),
-                retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
-                sent=response.status >= 500)
+        answer = _answer(response)  # 529 is Anthropic's "overloaded": a 5xx, tried again
         result = anthropic_messages.answer_result(answer, model=args["model"])
         counted = result["usage"]
         usage = result["usage"] = _usage(counted["prompt_tokens"], counted["completion_tokens"])
         result["cost_usd"] = cost_usd(args["model"], usage["prompt_tokens"], usage["completion_tokens"])
         return result
+
+
+def _answer(response: transport.Response) -> dict[str, Any]:
+    """The provider's answer as a JSON object, or the ConnectorError that says why not: an HTTP
+    error with the provider's own message (both formats put it at error.message), or an answer
+    that is not JSON at all (a proxy's HTML page, a server that is not a model provider)."""
+    answer = response.json()
+    start = (response.body or b"")[:200].decode("utf-8", "replace")
+    if response.status >= 400:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        detail = error.get("message") if isinstance(error, dict) else None
+        if not detail and not isinstance(answer, dict) and start.strip():
+            # not a provider's error: a web page, another server (a 404 here: is base_url right?)
+            detail = f"the answer is not a provider's JSON error: {start!r}"
+        raise ConnectorError(
+            f"model: HTTP {response.status}" + (f": {detail}" if detail else "")
+            + response.retry_after(),
+            retryable=response.status in RETRYABLE_STATUS or response.status >= 500,
+            sent=response.status >= 500)
+    if not isinstance(answer, dict):
+        raise ConnectorError(
+            f"model: HTTP {response.status}, but the answer is not a JSON object (without NaN or "
+            f"Infinity), so this is not a model provider's answer (is base_url right?): {start!r}",
+            retryable=False, sent=True)
+    return answer
 
 
 connector_register(ModelConnector())

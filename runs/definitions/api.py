@@ -22,7 +22,7 @@ from .selectors import (
     definition_versions,
     definitions_latest,
 )
-from .spec import AGENT_NAME, LIMIT_MAXIMUMS, LIMITS
+from .spec import LIMIT_MAXIMUMS, LIMITS
 
 BY_API = "api:{}"
 
@@ -158,8 +158,6 @@ def _no_such_agent(name: str) -> ApiError:
 
 
 def _tenant_rows(name: str) -> list[AgentDefinition]:
-    if not AGENT_NAME.match(name):  # no definition has it (and a NUL would not reach PostgreSQL)
-        raise _no_such_agent(name)
     rows = list(definition_versions(name=name))
     if not rows:
         raise _no_such_agent(name)
@@ -274,7 +272,7 @@ class AgentVersionDetail(APIView):
             except UnknownAgent:
                 raise ApiError("not_found", f"{name!r} has no version {version}") from None
             return Response(_platform_version_json(agent))
-        row = definition_find(name=name, version=version) if AGENT_NAME.match(name) else None
+        row = definition_find(name=name, version=version)
         if row is None:
             raise ApiError("not_found", f"no agent named {name!r} with version {version}")
         return Response(_version_json(row, _tenant_agent(row)))

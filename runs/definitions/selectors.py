@@ -4,11 +4,14 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from .models import AgentDefinition, AgentLimits
-from .spec import LIMITS
+from .spec import ACTIONS, AGENT_NAME, LIMITS
 
 
 def definition_versions(*, name: str) -> QuerySet[AgentDefinition]:
-    """Every version of one definition, newest first."""
+    """Every version of one definition, newest first; none for a name no definition can have
+    (checked here, once for every caller: a URL's NUL byte would not even reach PostgreSQL)."""
+    if not isinstance(name, str) or not AGENT_NAME.fullmatch(name):
+        return AgentDefinition.objects.none()
     return AgentDefinition.objects.filter(name=name).order_by("-version")
 
 
@@ -24,6 +27,23 @@ def definitions_latest() -> list[AgentDefinition]:
     """The newest version of each definition that is not retired, by name."""
     rows = AgentDefinition.objects.filter(retired_at__isnull=True).order_by("name", "-version")
     return list(rows.distinct("name"))
+
+
+def definitions_naming(*, connector: str, label: str) -> list[AgentDefinition]:
+    """The current versions (not retired) whose model or tools name this credential: what
+    removing it would break."""
+    found = []
+    for row in definitions_latest():
+        spec = row.spec
+        named = {("model", spec.get("model", {}).get("credential"))}
+        for tool in spec.get("tools", []):
+            if tool.get("kind") == "connector":
+                named.add((ACTIONS.get(tool.get("action"), ("",))[0], tool.get("credential")))
+            elif tool.get("kind") == "mcp":
+                named.add(("mcp", tool.get("server")))
+        if (connector, label) in named:
+            found.append(row)
+    return found
 
 
 def definitions_all() -> QuerySet[AgentDefinition]:

@@ -20,6 +20,7 @@ must be looked up (the tenant's credentials, the operator's agent names) is pass
 path in the JSON ("tools[2].approval") to what is wrong there.
 """
 
+import difflib
 import hashlib
 import json
 import math
@@ -212,7 +213,7 @@ def definition_parse(name: str, spec: Any, *, credentials: set[tuple[str, str]] 
         errors.raise_any()
     known = {"description", "model", "instructions", "input_schema", "input_example", "tools", "limits"}
     for key in sorted(set(spec) - known):
-        errors.add(key, f"unknown field; a definition has {sorted(known)}")
+        errors.add(key, f"unknown field{_did_you_mean(key, known)}; a definition has {sorted(known)}")
     description = _string(errors, spec, "description", "description", default="", limit=2_000)
     instructions = _string(errors, spec, "instructions", "instructions", limit=MAX_INSTRUCTIONS)
     model = _model(errors, spec.get("model"), credentials)
@@ -262,8 +263,9 @@ def _model(errors, data, credentials) -> ModelSettings:
     if not isinstance(data, dict):
         errors.add("model", "is required: {credential, name, temperature, max_tokens}")
         return ModelSettings(credential="default", name="")
-    for key in sorted(set(data) - {"credential", "name", "temperature", "max_tokens"}):
-        errors.add(f"model.{key}", "unknown field")
+    known = {"credential", "name", "temperature", "max_tokens"}
+    for key in sorted(set(data) - known):
+        errors.add(f"model.{key}", f"unknown field{_did_you_mean(key, known)}; a model has {sorted(known)}")
     credential = data.get("credential", "default")
     if not isinstance(credential, str) or not credential:
         errors.add("model.credential", "must be the label of a model credential")
@@ -336,8 +338,10 @@ def _tool(errors, path, item, credentials) -> Tool | None:
     if kind not in KINDS:
         errors.add(f"{path}.kind", f"must be one of {list(KINDS)}")
         return None
-    for key in sorted(set(item) - COMMON_FIELDS - TOOL_FIELDS[kind]):
-        errors.add(f"{path}.{key}", f"unknown field for a {kind} tool")
+    known = COMMON_FIELDS | TOOL_FIELDS[kind]
+    for key in sorted(set(item) - known):
+        errors.add(f"{path}.{key}", f"unknown field for a {kind} tool{_did_you_mean(key, known)}; "
+                                    f"it has {sorted(known)}")
     description = item.get("description", "")
     if not isinstance(description, str) or len(description) > 4_000:
         errors.add(f"{path}.description", "must be a string of at most 4000 characters")
@@ -398,9 +402,16 @@ def _tool(errors, path, item, credentials) -> Tool | None:
             errors.add(f"{path}.remote_name", "must be the tool's name on the MCP server")
         options = {"server": server, "remote_name": remote}
     parameters = item.get("parameters", default_parameters)
-    if _schema(errors, f"{path}.parameters", parameters) and parameters.get("type", "object") != "object":
+    parameters_valid = _schema(errors, f"{path}.parameters", parameters)
+    if parameters_valid and parameters.get("type", "object") != "object":
         errors.add(f"{path}.parameters", "must describe an object (\"type\": \"object\")")
     approval = _approval(errors, f"{path}.approval", item.get("approval", "never"), kind)
+    # Checked on write only (credentials given): a version stored before this check existed
+    # must still read back, and its calls still wait for a person when the argument is missing.
+    if parameters_valid and approval.mode == "rule" and approval.argument and credentials is not None:
+        problem = _rule_problem(approval, parameters)
+        if problem:
+            errors.add(f"{path}.approval.argument", problem)
     if len(errors.fields) > before:
         return None
     return Tool(name=name, kind=kind, description=description, parameters=parameters,
@@ -422,8 +433,12 @@ def _approval(errors, path, data, kind) -> Approval:
         if data == "always" and kind in ("wait_for_event", "wait_for_approval"):
             errors.add(path, f"a {kind} tool already waits; its approval must be 'never'")
         return Approval(mode=data)
-    if not isinstance(data, dict) or "argument" not in data:
+    if not isinstance(data, dict):
         errors.add(path, "must be 'never', 'always' or a rule {\"argument\": \"amount\", \"above\": 500}")
+        return Approval()
+    if "argument" not in data:
+        errors.add(f"{path}.argument", "is required: a rule names the argument it looks at "
+                                       "({\"argument\": \"amount\", \"above\": 500})")
         return Approval()
     operators = [key for key in data if key != "argument"]
     argument = data["argument"]
@@ -441,6 +456,35 @@ def _approval(errors, path, data, kind) -> Approval:
         errors.add(f"{path}.in", "must be a list of values")
     return Approval(mode="rule", argument=argument if isinstance(argument, str) else "",
                     operator=operator, value=value)
+
+
+def _rule_problem(approval: Approval, parameters: dict) -> str:
+    """Why a rule cannot hold as written: its argument is not among the tool's declared
+    parameters (a typo would make every call wait for a person), or a number is compared with
+    an argument declared as something else. Parameters that declare no properties: unknown."""
+    schema: Any = parameters
+    for part in approval.argument.split("."):
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict) or not properties:
+            return ""
+        if part not in properties:
+            return (f"{approval.argument!r} is not one of the tool's parameters "
+                    f"({', '.join(sorted(map(str, properties)))}){_did_you_mean(part, properties)}: "
+                    "a rule on an argument the model never passes would ask a person for every "
+                    "call (declare it in parameters if it is one)")
+        schema = properties[part]
+    declared = schema.get("type") if isinstance(schema, dict) else None
+    declared = [declared] if isinstance(declared, str) else declared
+    if approval.operator in ("above", "at_least", "below") and isinstance(declared, list) \
+            and declared and not {"integer", "number"} & set(declared):
+        return (f"{approval.operator.replace('_', ' ')} compares numbers, but the parameters declare "
+                f"{approval.argument!r} as {' or '.join(map(str, declared))}")
+    return ""
+
+
+def _did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _tool_json(tool: Tool) -> dict:

@@ -33,7 +33,7 @@ from agentplatform.redaction import secrets_redact
 from agentplatform.telemetry import span_start
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
-from integrations.services import credential_get
+from integrations.services import CredentialNotFound, credential_get
 from runs.engine import LeaseLost
 from runs.engine.ports import (
     BudgetExceeded,
@@ -294,7 +294,17 @@ def effect_outcome_decide(*, run_id: UUID, request: dict, delivered: bool, by: s
 
 
 def _credentials(connector: str, label: str = "default") -> dict:
-    return credential_get(connector=connector, label=label, missing_ok=True)
+    """The secrets of the tenant's credential of that label. None under "default" means the
+    connector's own defaults (the platform's SMTP relay, say); a label named on purpose (a
+    definition's tool or model) that is gone (removed after the definition was saved) is a
+    refusal that says so, never a call made with no credential."""
+    if label == "default":
+        return credential_get(connector=connector, label=label, missing_ok=True)
+    try:
+        return credential_get(connector=connector, label=label)
+    except CredentialNotFound:
+        raise EffectRefused(f"this tenant has no {connector!r} credential labelled {label!r} (was it "
+                            "removed?), so the call was not made") from None
 
 
 def budget_checker(*, run_id: UUID, requested_tokens: int):

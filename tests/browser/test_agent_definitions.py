@@ -6,7 +6,6 @@ page at 1280 px, and that none scrolls sideways at 390 px."""
 import re
 import uuid
 
-import pytest
 from django_tenants.utils import tenant_context
 from playwright.sync_api import expect
 
@@ -14,24 +13,18 @@ from integrations.services import credential_set
 from runs.definitions.selectors import definition_find
 from runs.models import Run
 from tests.browser.conftest import NARROW, axe_check, person, sign_in
+from tests.dashboard.test_agent_definitions import PAYING_SCRIPT
 from tests.support import runs as driven
-from tests.support.fakes.fixtures import fake_stripe  # noqa: F401
-from tests.support.fakes.tool_calling import ToolCallingModel
-
-
-@pytest.fixture
-def tool_model():
-    server = ToolCallingModel().start()
-    yield server
-    server.stop()
+from tests.support.fakes.fixtures import fake_stripe, scripted_model  # noqa: F401
 
 
 def test_an_owner_defines_an_agent_with_a_rule_approval_and_sees_v2s_diff(
-        open_page, browser_tenant, tool_model, fake_stripe):  # noqa: F811
+        open_page, browser_tenant, scripted_model, fake_stripe):  # noqa: F811
     name = f"payer-{uuid.uuid4().hex[:6]}"
+    scripted_model.script({"payer-model": PAYING_SCRIPT})
     with tenant_context(browser_tenant):
         credential_set(connector="model", label="scripted",
-                       secrets={"api_key": "sk-test", "base_url": tool_model.url + "/v1"})
+                       secrets={"api_key": "sk-test", "base_url": scripted_model.base_url})
         credential_set(connector="payments", secrets={"secret_key": "sk_test_browser",
                                                       "api_url": fake_stripe.url})
     page = open_page("wide")
@@ -76,14 +69,14 @@ def test_an_owner_defines_an_agent_with_a_rule_approval_and_sees_v2s_diff(
     expect(page.get_by_role("heading", level=1)).to_contain_text("v1")
     axe_check(page)
 
-    with tenant_context(browser_tenant):  # run in this process: no worker has the fake model
+    with tenant_context(browser_tenant):  # run in this process: a worker would add nothing
         assert definition_find(name=name).version == 2
         run = driven.finished(driven.start(name, input={"invoice": "INV-7"}).id)
         assert run.status == Run.Status.SUCCEEDED, run.error
     page.goto(f"/t/browser/runs/{run.id}")
     conversation = page.get_by_role("region", name="Conversation")
-    conversation.get_by_role("link", name="effect tool:call_pay_1: done").click()
-    expect(page.get_by_role("row").filter(has_text="tool:call_pay_1")).to_contain_text("done")
+    conversation.get_by_role("link", name="effect tool:call_0_0: done").click()
+    expect(page.get_by_role("row").filter(has_text="tool:call_0_0")).to_contain_text("done")
     axe_check(page)
 
     page.set_viewport_size(NARROW)  # and nothing of the new pages scrolls sideways at 390 px

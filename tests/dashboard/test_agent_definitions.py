@@ -19,8 +19,7 @@ from runs.effects.models import Effect
 from runs.models import Run
 from tenants.models import AuditEntry
 from tests.dashboard.conftest import person, signed_in
-from tests.support.fakes.fixtures import fake_stripe  # noqa: F401
-from tests.support.fakes.tool_calling import ToolCallingModel
+from tests.support.fakes.fixtures import fake_stripe, scripted_model  # noqa: F401
 from tests.support.runs import finished, start
 
 
@@ -115,6 +114,48 @@ def test_an_edit_with_an_error_shows_it_next_to_the_tools_approval(acme, credent
     assert "not a valid JSON Schema" in field_error(response.content.decode(), "id_input_schema")
     with tenant_context(acme):
         assert definition_versions(name=name).count() == 1  # nothing was saved
+
+
+SECOND_TOOL = {"tool_count": "2", "tool-1-source": "connector:payments.charge:default",
+               "tool-1-name": "pay", "tool-1-approval": "never"}
+WAIT_TOOL = {"tool-0-source": "wait_for_event", "tool-0-name": "wait_paid", "tool-0-approval": "never",
+             "tool-0-event": "invoice.paid", "tool-0-key_argument": "", "tool-0-rule_argument": ""}
+# Mistakes people make in the form: (what they typed, the input whose error says so, a phrase of it)
+MISTAKES = {
+    "a name with capitals": ({"name": "Invoice Triage"}, "id_name", "lowercase letters"),
+    "a platform agent's name": ({"name": "research"}, "id_name", "one of the platform"),
+    "no model name": ({"model_name": ""}, "id_model_name", "required"),
+    "a temperature in words": ({"temperature": "warm"}, "id_temperature", "Enter a number"),
+    "an input schema that is not JSON": ({"input_schema": '{"type": "object",}'}, "id_input_schema",
+                                         "Not valid JSON"),
+    "an example that breaks the schema": ({"input_schema": '{"type": "object", "required": ["invoice"]}',
+                                           "input_example": '{"invoce": 1}'}, "id_input_example",
+                                          "&#x27;invoice&#x27; is a required property"),
+    "two tools with one name": ({**SECOND_TOOL}, "id_tool-1-name", "already the name of tools[0]"),
+    "a rule on a misspelt argument": ({"tool-0-rule_argument": "amout"}, "id_tool-0-rule_argument",
+                                      "did you mean &#x27;amount&#x27;?"),
+    "parameters that are a list": ({"tool-0-parameters": "[1, 2]"}, "id_tool-0-parameters", "JSON object"),
+    "a wait without its key argument": ({**WAIT_TOOL}, "id_tool-0-key_argument", "is required"),
+    "too many turns": ({"max_turns": "5000"}, "id_max_turns", "at most 1000"),
+    "a cost of zero": ({"max_cost_usd": "0"}, "id_max_cost_usd", "positive"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_mistake_is_shown_at_its_input_and_what_was_typed_stays(acme, credentials, owner, mistake):
+    typed, field_id, says = MISTAKES[mistake]
+    data = {**form_data(agent_name(), instructions="Pay what is due; keep the receipt."), **typed}
+    response = signed_in(owner).post("/t/acme/agents/_new", data)
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert says in field_error(html, field_id), (mistake, re.findall(r'field-error"[^>]*>(.*?)</p>', html))
+    assert "The definition was not saved" in html
+    assert "Pay what is due; keep the receipt.</textarea>" in html  # nothing typed is lost
+    for key, value in typed.items():
+        if value and not key.endswith("source") and key != "tool_count":
+            assert value.replace('"', "&quot;") in html, key
+    with tenant_context(acme):
+        assert not definition_versions(name=data["name"]).exists()
 
 
 def test_versions_are_listed_with_who_and_when_and_the_diff_of_each(acme, credentials, owner):
@@ -215,18 +256,18 @@ def test_csrf_is_required_on_the_form(acme, credentials, owner):
     assert client.post("/t/acme/agents/_new", form_data(agent_name())).status_code == 403
 
 
-@pytest.fixture
-def tool_model():
-    server = ToolCallingModel().start()
-    yield server
-    server.stop()
+LONG_ANSWER = "Paid. " + "All details follow. " * 100  # cut on the page, whole a link away
+# The model pays (one tool call), then answers at length.
+PAYING_SCRIPT = [{"tool_calls": [{"name": "pay", "arguments": {
+    "amount": 42, "currency": "EUR", "customer": "cus_1"}}]}, {"content": LONG_ANSWER}]
 
 
 def test_the_run_page_shows_the_conversation_with_each_call_linked_to_its_effect(
-        acme, globex, owner, tool_model, fake_stripe):  # noqa: F811
+        acme, globex, owner, scripted_model, fake_stripe):  # noqa: F811
     name = agent_name()
+    scripted_model.script({"gpt-4o-mini": PAYING_SCRIPT})  # form_data's model name
     with tenant_context(acme):
-        credential_set(connector="model", secrets={"api_key": "sk-test", "base_url": tool_model.url + "/v1"})
+        credential_set(connector="model", secrets={"api_key": "sk-test", "base_url": scripted_model.base_url})
         credential_set(connector="payments", secrets={"secret_key": "sk_test_acme",
                                                       "api_url": fake_stripe.url})
     client = signed_in(owner)
@@ -234,11 +275,11 @@ def test_the_run_page_shows_the_conversation_with_each_call_linked_to_its_effect
     with tenant_context(acme):
         run = finished(start(name, input={"invoice": "INV-1"}).id)
         assert run.status == Run.Status.SUCCEEDED, run.error
-        pay = Effect.objects.get(run=run, name="tool:call_pay_1")
+        pay = Effect.objects.get(run=run, name="tool:call_0_0")
         turn = Effect.objects.get(run=run, name="turn", scope="0")  # the first turn
     html = client.get(f"/t/acme/runs/{run.id}").content.decode()
     assert 'aria-labelledby="conversation-title"' in html
-    assert f'href="#effect-{pay.id}">effect tool:call_pay_1: done' in html
+    assert f'href="#effect-{pay.id}">effect tool:call_0_0: done' in html
     assert f'id="effect-{pay.id}"' in html  # the effects table row it points at
     assert f'href="#effect-{turn.id}">model turn: done' in html
     assert 'href="#message-2">result (message 2)' in html  # input 0, call 1, result 2, answer 3
@@ -253,3 +294,25 @@ def test_the_run_page_shows_the_conversation_with_each_call_linked_to_its_effect
     assert client.get(f"/t/acme/runs/{run.id}/messages/4").status_code == 404
     other = signed_in(person(globex, "owner"))  # the run is not in globex's schema
     assert other.get(f"/t/globex/runs/{run.id}/messages/3").status_code == 404
+
+
+def test_deleting_a_credential_asks_first_naming_the_agents_it_would_break(acme, credentials, owner):
+    name, label = agent_name(), f"l{uuid.uuid4().hex[:8]}"
+    with tenant_context(acme):
+        credential_set(connector="payments", label=label, secrets={"secret_key": "sk_test_x"})
+        definition_create(name=name, by="test", spec={
+            "model": {"name": "m"}, "instructions": "Pay.",
+            "tools": [{"name": "pay", "kind": "connector", "action": "payments.charge",
+                       "credential": label}]})
+    page = signed_in(owner).get(f"/t/acme/settings/credentials/payments/{label}/delete").content.decode()
+    assert f"This tenant&#x27;s agents name it: {name} v1; their calls of it are not made" in page
+    model = signed_in(owner).get("/t/acme/settings/credentials/model/default/delete").content.decode()
+    assert f"{name} v1" in model and "their runs fail at the next model turn" in model
+
+
+def test_a_name_no_agent_can_have_is_a_404_on_every_page(acme, credentials, owner):
+    client = signed_in(owner)
+    for name in ("a%00b", "UPPER", "x" * 80):
+        for url in (f"/t/acme/agents/{name}", f"/t/acme/agents/{name}/edit",
+                    f"/t/acme/agents/{name}/retire", f"/t/acme/agents/{name}/versions/1"):
+            assert client.get(url).status_code == 404, url

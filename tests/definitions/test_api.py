@@ -204,6 +204,12 @@ INVALID = {
                                             "max_tokens": 10 ** 20}},
     "oversize": lambda label: {"input_example": {"blob": "x" * (MAX_SPEC_BYTES + 1)}},
     "unknown field": lambda label: {"personality": "cheerful"},
+    # a typo in a rule's argument would make every call wait for a person: refused instead
+    "rule on an undeclared argument": lambda label: {"tools": [_tool(label, approval={
+        "argument": "amout", "above": 500})]},
+    "numeric rule on a text argument": lambda label: {"tools": [_tool(label, approval={
+        "argument": "currency", "above": 500})]},
+    "rule without an argument": lambda label: {"tools": [_tool(label, approval={"above": 500})]},
 }
 EXPECTED_PATHS = {
     "unknown connector action": {"tools[0].action"},
@@ -217,6 +223,9 @@ EXPECTED_PATHS = {
     "bad limits": {"limits.max_turns", "limits.max_cost_usd", "limits.max_naps", "limits.max_tokens"},
     "oversize": {"definition"},
     "unknown field": {"personality"},
+    "rule on an undeclared argument": {"tools[0].approval.argument"},
+    "numeric rule on a text argument": {"tools[0].approval.argument"},
+    "rule without an argument": {"tools[0].approval.argument"},
 }
 
 

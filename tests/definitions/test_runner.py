@@ -6,6 +6,7 @@ import json
 import pytest
 from django.utils import timezone
 
+from integrations.models import Credential
 from integrations.services import credential_set
 from runs import engine
 from runs.approvals.models import Approval
@@ -275,3 +276,23 @@ def test_a_tool_that_keeps_failing_unsent_is_an_answer_the_model_reads_not_a_fai
     assert run.status == "succeeded", run.error
     assert run.result["content"].startswith("the call failed, 3 attempts:")
     assert "outcome_unknown" not in messages(run)[-2]["content"]
+
+
+def test_a_credential_removed_after_the_definition_was_saved_is_said_so_not_called_without_it(
+        model, webhook):
+    credential_set(connector="webhook", label="hooks", secrets={"signing_secret": "whsec_test"})
+    credential_set(connector="model", label="removable", secrets={"api_key": "sk-scripted",
+                                                                  "base_url": model.base_url})
+    a = define("poster", tools=[{**POST, "credential": "hooks"}])
+    model.script({a: [{"tool_calls": [post("{{input.url}}", n=1)]}, {"content": "{{tool.post.error}}"}]})
+    Credential.objects.filter(connector="webhook", label="hooks").delete()
+    run = finished(start(a, input={"url": webhook.url}).id)
+    assert run.status == "succeeded", run.error  # the model read why the call was not made
+    assert run.result["content"] == ("the call was refused: this tenant has no 'webhook' credential "
+                                     "labelled 'hooks' (was it removed?), so the call was not made")
+    assert webhook.state()["deliveries"] == 0
+    b = define("talker", tools=[], model={"name": "talker", "credential": "removable"})
+    Credential.objects.filter(connector="model", label="removable").delete()
+    run = finished(start(b, input={}).id)
+    assert run.status == "failed"
+    assert "this tenant has no 'model' credential labelled 'removable' (was it removed?)" in run.error

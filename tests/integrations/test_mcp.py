@@ -154,7 +154,7 @@ def test_a_tenant_cannot_use_another_tenants_mcp_credential(acme, globex, mcp_se
         credential_set(connector="mcp", label="docs", secrets={"url": mcp_server.url})
     with tenant_context(globex):
         run = finished(start("mcp_caller", input={"query": "ledger"}).id)
-        assert run.status == Run.Status.FAILED and "no mcp credential" in run.error
+        assert run.status == Run.Status.FAILED and "no 'mcp' credential labelled 'docs'" in run.error
     assert mcp_server.state()["count"] == 0
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from integrations.connectors import ConnectorError, connector_get
 from integrations.connectors.model import cost_usd
+from tests.support.fakes import FakeServer
 
 API_KEY = "sk-acme-secret"
 
@@ -131,3 +132,33 @@ def test_an_answer_jsonb_cannot_store_is_refused_not_recorded(model, hostile_pro
                              "choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
     with pytest.raises(ConnectorError, match="not JSON"):
         model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
+class NotAModel(FakeServer):
+    """A server at the model's base_url that is not a model provider: 200 and a web page."""
+
+    name = "not-a-model"
+
+    def reset(self) -> None:
+        pass
+
+    def state(self) -> dict:
+        return {}
+
+    status = 200
+
+    def handle(self, method, path, query, headers, raw):
+        return self.status, "<html>Sign in to the proxy</html>", {}
+
+
+def test_an_answer_that_is_not_a_json_object_says_so_and_shows_its_start(model, call):
+    server = NotAModel().start()
+    try:
+        with pytest.raises(ConnectorError, match=r"HTTP 200, but the answer is not a JSON object.*"
+                                                 r"is base_url right.*Sign in to the proxy") as raised:
+            model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": f"{server.url}/v1"}))
+        assert not raised.value.retryable
+        server.status = 404  # a web server's page where the API should be
+        with pytest.raises(ConnectorError, match=r"HTTP 404: the answer is not a provider's JSON "
+                                                 r"error: '\"<html>Sign in"):
+            model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": f"{server.url}/v1"}))
+    finally:
+        server.stop()

@@ -117,8 +117,8 @@ def agents(request, tenant):
 def agent(request, tenant, name: str):
     listed = versions_by_agent()
     versions = listed.get(name)
-    if "\x00" not in name and name not in registry.names() \
-            and definition_versions(name=name).exists():  # one of this tenant's definitions
+    # one of this tenant's definitions (a name none can have finds none)
+    if name not in registry.names() and definition_versions(name=name).exists():
         by_version = {v.version: v for v in versions or []}
         return definition_page(request, tenant, name, runs_by_version=by_version)
     if not versions:

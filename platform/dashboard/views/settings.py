@@ -32,6 +32,7 @@ from integrations.webhooks import services as webhooks
 from integrations.webhooks.models import GmailConnection, SlackConnection
 from integrations.webhooks.selectors import gmail_connection_list, slack_connection_list
 from runs.agents import registry
+from runs.definitions.selectors import definitions_naming
 from runs.retention.selectors import (
     default_policy,
     runs_with_own_policy,
@@ -321,8 +322,19 @@ def credential_remove(request, tenant, connector: str, label: str):
         return _back(request, "settings-credentials")
     return _page(request, "confirm.html", {
         "heading": f"Delete the {connector}/{label} credential?",
-        "explanation": "Steps that call this connector with this label fail until a new one is set.",
+        "explanation": "Steps that call this connector with this label fail until a new one is set."
+                       + _naming_agents(connector, label),
         "action": "Delete the credential", "back": reverse("dashboard:settings-credentials", args=[tenant])})
+
+
+def _naming_agents(connector: str, label: str) -> str:
+    """What removing a credential breaks among the tenant's own agents, in words."""
+    agents = [f"{row.name} v{row.version}" for row in definitions_naming(connector=connector, label=label)]
+    if not agents:
+        return ""
+    breaks = ("their runs fail at the next model turn" if connector == "model" else
+              "their calls of it are not made (the model is told why)")
+    return f" This tenant's agents name it: {', '.join(agents)}; {breaks} until it is set again."
 
 
 # -- sandbox egress allow-list -----------------------------------------------------------------------
