@@ -24,8 +24,6 @@ call that may have reached the server (a worker killed mid-call, a timeout or a 
 connection after `tools/call` went out) is put to a person, never made again blindly.
 """
 
-import math
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,7 +47,6 @@ INTERNAL_ERROR = -32603
 RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "content-type",
                     "accept", "mcp-session-id", "mcp-protocol-version"}
 ERROR_TEXT_MAX = 500
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # U+0000 and lone surrogates
 
 
 class McpConnector(Connector):
@@ -142,12 +139,13 @@ class _Session:
                     types.CallToolRequest(params=types.CallToolRequestParams(
                         name=tool, arguments=arguments, _meta={META_KEY: idempotency_key})),
                     types.CallToolResult)
-                self.result = _storable({
+                self.result = {  # the ledger makes it storable (U+0000, NaN) as it records
+
                     "content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
                                 for block in answer.content],
                     "structured": answer.structured_content,
                     "is_error": bool(answer.is_error),
-                })
+                }
 
     def _error(self, exc: BaseException) -> ConnectorError:
         where = f"mcp: {self.destination.host}:{self.destination.port}"
@@ -253,20 +251,6 @@ def _url_parts(url: str) -> tuple[str, str, int] | None:
 def _target(url: str) -> str:
     parts = urlsplit(url)
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-def _storable(value: Any) -> Any:
-    """The answer as the ledger's jsonb can hold it: the tool ran, so its answer is kept, with
-    U+0000 and lone surrogates as U+FFFD and a NaN or infinite number as its text."""
-    if isinstance(value, str):
-        return _UNSTORABLE.sub("\ufffd", value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {_storable(str(key)): _storable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_storable(item) for item in value]
-    return value
 
 
 def _leaf(exc: BaseException) -> BaseException:

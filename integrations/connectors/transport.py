@@ -27,7 +27,6 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from agentplatform.addresses import address_refusal
-from agentplatform.parsers import json_shape
 
 from .base import ConnectorError
 
@@ -95,13 +94,12 @@ class Response:
     body: bytes
 
     def json(self) -> Any:
-        """The body as JSON, or None; also None for JSON a jsonb column (where a result is
-        kept) refuses: NaN, Infinity, U+0000, a lone surrogate (json.loads reads them all)."""
+        """The body as JSON, or None. (NaN, Infinity, U+0000 or a lone surrogate, which
+        json.loads reads and jsonb refuses, the ledger makes storable when it records.)"""
         try:
-            value = json.loads(self.body or b"null")
+            return json.loads(self.body or b"null")
         except (ValueError, RecursionError):
             return None
-        return None if json_shape(value)[1] else value
 
     def retry_after(self) -> str:
         value = self.headers.get("retry-after", "")

@@ -47,9 +47,11 @@ ACTIONS: dict[str, tuple[str, dict]] = {
     "slack.post": ("slack", {
         "type": "object", "required": ["channel", "text"], "additionalProperties": False,
         "properties": {"channel": {"type": "string"}, "text": {"type": "string"}}}),
+    # The credential's url by default: a model that picks the url (a prompt injection can make
+    # it) could send signed payloads anywhere. A tool whose parameters name `url` lets it.
     "webhook.post": ("webhook", {
-        "type": "object", "required": ["url", "payload"], "additionalProperties": False,
-        "properties": {"url": {"type": "string"}, "payload": {"type": "object"}}}),
+        "type": "object", "required": ["payload"], "additionalProperties": False,
+        "properties": {"payload": {"type": "object"}}}),
     "payments.charge": ("payments", {
         "type": "object", "required": ["amount", "currency", "customer"],
         "additionalProperties": False,

@@ -16,6 +16,8 @@ outcome, and an expired claim or a failure that may have been sent follows the s
 import hashlib
 import json
 import logging
+import math
+import re
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -210,32 +212,30 @@ def _fence(scope: Scope) -> tuple[str, list]:
             "FOR SHARE", [scope.run_id, scope.epoch])
 
 
-def _storable(value: Any) -> Any:
-    """`value` as PostgreSQL's jsonb can hold it: a NUL character, or a lone surrogate (both
-    valid in a receiver's or a model's JSON), is refused by jsonb, and a result that cannot be
-    recorded would be asked for (and a model turn paid for) again on every retry of the step.
-    Each becomes U+FFFD; everything else is left as it is."""
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # U+0000 and lone surrogates
+
+
+def result_storable(value: Any) -> Any:
+    """`value` as PostgreSQL's jsonb can hold it. A receiver's or a model's JSON may hold a NUL
+    character or a lone surrogate (each becomes U+FFFD), NaN or an infinity (its text), which
+    jsonb refuses: a result that cannot be recorded would be asked for (and a model turn paid
+    for) again on every retry of the step. Everything else is left as it is."""
     if isinstance(value, str):
-        if "\x00" in value:
-            value = value.replace("\x00", "\ufffd")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-        return value
+        return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, dict):
-        return {_storable(key) if isinstance(key, str) else key: _storable(item)
-                for key, item in value.items()}
+        return {result_storable(str(key)): result_storable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_storable(item) for item in value]
+        return [result_storable(item) for item in value]
     return value
 
 
 def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
     """Record the outcome, and model usage on the run, once (facts are never fenced: a worker
     that lost its lease still reports truthfully what the world did). The step reads what is
-    recorded (`_storable`), so a re-run replays exactly what the first run read."""
-    result = _storable(result)
+    recorded (`result_storable`), so a re-run replays exactly what the first run read."""
+    result = result_storable(result)
     usage = result.get("usage") if isinstance(result, dict) else None
     with transaction.atomic():
         recorded = Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(

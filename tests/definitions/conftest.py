@@ -35,4 +35,7 @@ def define(name: str, *, tools: list[dict], limits: dict | None = None, **spec) 
     return name
 
 
-POST = {"name": "post", "kind": "connector", "action": "webhook.post", "description": "Post a payload"}
+# The model picks the url here (the parameters say so; the default is the credential's url).
+POST = {"name": "post", "kind": "connector", "action": "webhook.post", "description": "Post a payload",
+        "parameters": {"type": "object", "required": ["url", "payload"], "additionalProperties": False,
+                       "properties": {"url": {"type": "string"}, "payload": {"type": "object"}}}}

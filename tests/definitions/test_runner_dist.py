@@ -58,7 +58,7 @@ def test_a_call_whose_arguments_hold_a_nul_is_refused_with_a_reason_not_a_stuck_
         {"content": "{{tool.post.error}}"}]})
     run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
     assert run.status == "succeeded", run.error
-    assert "NUL" in run.result["content"]
+    assert "U+0000" in run.result["content"]
     assert webhook.state()["deliveries"] == 0
 
 
@@ -194,4 +194,4 @@ def test_a_calls_arguments_digest_the_same_before_and_after_the_database(in_acme
     stored = json.loads(stored) if isinstance(stored, str) else stored
     assert args_digest(stored) == args_digest(arguments)
     assert arguments["amount"] == 10**16 and arguments["price"] == 19.99
-    assert all("cannot be stored" in call.get("unreadable", "") for call in calls[1:]), calls[1:]
+    assert all("not a finite number" in call.get("unreadable", "") for call in calls[1:]), calls[1:]

@@ -17,6 +17,7 @@ from integrations.connectors import transport as connector_transport
 from integrations.services import CredentialError, credential_set
 from runs.approvals.models import Approval
 from runs.effects.models import Effect
+from runs.effects.services import result_storable
 from runs.models import Run
 from runs.services import run_start
 from tests.support.fakes.mcp_process import McpServerProcess
@@ -218,6 +219,7 @@ def test_the_pinned_network_backend_reaches_no_other_host():
 def test_an_answer_jsonb_cannot_store_is_kept_storable(mcp, mcp_server, call):
     """The tool ran: its answer must be recordable (jsonb refuses U+0000 and lone surrogates),
     or the ledger's write fails after the call and the run cannot tell whether it acted."""
-    result = mcp.execute(call({"tool": "echo", "arguments": {"text": "a\x00b"}}, {"url": mcp_server.url}))
+    answer = mcp.execute(call({"tool": "echo", "arguments": {"text": "a\x00b"}}, {"url": mcp_server.url}))
+    result = result_storable(answer)  # what the ledger records
     assert json_shape(result)[1] is None
     assert "a\ufffdb" in json.dumps(result, ensure_ascii=False)

@@ -6,8 +6,10 @@ import threading
 
 import pytest
 
+from agentplatform.parsers import json_shape
 from integrations.connectors import ConnectorError, connector_get
 from integrations.connectors.model import cost_usd
+from runs.effects.services import result_storable
 from tests.support.fakes import FakeServer
 
 API_KEY = "sk-acme-secret"
@@ -117,21 +119,21 @@ def test_a_provider_cannot_lower_or_overflow_what_a_run_spent(model, hostile_pro
     assert 0 <= result["cost_usd"]
 
 
-def test_an_answer_with_numbers_json_has_not_is_refused_not_recorded(model, hostile_provider, call):
-    """json.loads reads NaN and Infinity; PostgreSQL's jsonb does not: kept in the result, they
-    failed the ledger's write after the turn was paid for, and each retry paid again."""
-    hostile_provider.body = {"id": float("nan"), "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-                             "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
-    with pytest.raises(ConnectorError, match="not JSON"):
-        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
-
-
-@pytest.mark.parametrize("content", ["a\x00b", "\ud800"])
-def test_an_answer_jsonb_cannot_store_is_refused_not_recorded(model, hostile_provider, call, content):
-    hostile_provider.body = {"usage": {"prompt_tokens": 1, "completion_tokens": 1},
+@pytest.mark.parametrize("content, stored", [("a\x00b", "a\ufffdb"), ("\ud800", "\ufffd"),
+                                             (float("nan"), "nan"), (float("inf"), "inf")])
+def test_an_answer_jsonb_cannot_store_is_recorded_as_it_can(model, hostile_provider, call, content,
+                                                            stored):
+    """json.loads reads U+0000, lone surrogates, NaN and Infinity; PostgreSQL's jsonb does not:
+    kept as they came, they failed the ledger's write after the turn was paid for, and each
+    retry paid again. The ledger records what jsonb can hold (and the step reads that)."""
+    hostile_provider.body = {"id": content, "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                              "choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
-    with pytest.raises(ConnectorError, match="not JSON"):
-        model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
+    result = model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
+    recorded = result_storable(result)
+    assert json_shape(recorded)[1] is None
+    assert (recorded["id"], recorded["content"]) == (stored, stored)
+
+
 class NotAModel(FakeServer):
     """A server at the model's base_url that is not a model provider: 200 and a web page."""
 
