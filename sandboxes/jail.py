@@ -115,6 +115,7 @@ class SandboxResult:
     changed_files: list[str] = field(default_factory=list)
     deleted_files: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
+    cpu_ms: float | None = None  # from the jail's cgroup; None where not accounted
     replayed: bool = False  # True when returned from the record instead of run again
 
     @property
@@ -626,6 +627,7 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
                              if before.get(p) != meta and not _is_dir(meta)),
         deleted_files=sorted(_name(p) for p in before.keys() - after.keys()),
         duration_ms=round(duration_ms, 3),
+        cpu_ms=None if cgroup is None else cgroup.cpu_ms(),
     )
 
 

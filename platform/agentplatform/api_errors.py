@@ -69,6 +69,8 @@ SERVICE_ERROR_STATUS = {
     "definition_conflict": status.HTTP_409_CONFLICT,
     "agent_retired": status.HTTP_409_CONFLICT,
     "platform_agent": status.HTTP_403_FORBIDDEN,  # the operator's: not the tenant's to change
+    # the tenant's quotas (runs.usage.quotas): fields name the quota, limit, use and reset time
+    "quota_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
 }
 
 
