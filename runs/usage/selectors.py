@@ -95,17 +95,26 @@ def usage_month(*, tenant: Tenant, now: datetime | None = None) -> dict:
         _add(total, day.numbers)
     with schema_context(tenant.schema_name):
         today = metering.day_use(day=now.date(), today=now.date())
-    stored = UsageDay.objects.filter(tenant_id=tenant.pk, day=now.date()).first()
-    _add(total, {
+    live = {
         "runs_started": today.runs_started, "steps": today.steps,
         "active_seconds": today.active_seconds, "tokens_in": today.model.tokens_in,
         "tokens_out": today.model.tokens_out, "cost_usd": today.model.cost_usd,
         "sandbox_cpu_seconds": today.sandbox_cpu_seconds,
-        "sandbox_wall_seconds": today.sandbox_wall_seconds,
-        "api_requests": stored.api_requests if stored else 0,
+        "sandbox_wall_seconds": today.sandbox_wall_seconds, "api_requests": 0,
         "hot_bytes": today.hot_bytes or 0, "archive_bytes": today.archive_bytes,
         "runs_finished": today.runs_finished, "effects": today.effects,
-        "models": today.model.by_model})
+        "models": today.model.by_model}
+    stored = UsageDay.objects.filter(tenant_id=tenant.pk, day=now.date()).first()
+    if stored is not None:  # retention may have pruned today's rows since the last pass
+        counted = _numbers_of(stored)
+        for name in COUNTERS:
+            live[name] = max(live[name], counted[name])
+        for name in MAPS:
+            live[name] = {key: max(live[name].get(key, 0), counted[name].get(key, 0))
+                          for key in {*live[name], *counted[name]}}
+        if counted["tokens_in"] + counted["tokens_out"] > today.model.tokens:
+            live["models"] = counted["models"]
+    _add(total, live)
     total["month"] = now.strftime("%Y-%m")
     return total
 

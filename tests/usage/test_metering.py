@@ -20,6 +20,7 @@ from runs.usage.tasks import refresh_all_tenants
 from sandboxes.models import SandboxExecution
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
 from tests.support.runs import finished, start
+from tests.support.waiting import wait_for
 
 
 def _today(tenant):
@@ -114,3 +115,12 @@ def test_api_requests_are_counted_per_tenant_and_flushed(acme, globex, acme_api,
         assert acme_api.get("/api/v1/runs").status_code == 200
     assert usage_day_refresh(tenant=acme, day=day).api_requests - before == 3
     assert usage_day_refresh(tenant=globex, day=day).api_requests == globex_before
+
+
+def test_a_worker_runs_the_metering_pass_for_every_tenant(acme, globex, worker):
+    started = timezone.now()
+    refresh_all_tenants.delay()
+    today = timezone.now().date()
+    wait_for(lambda: UsageDay.objects.filter(tenant__in=[acme, globex], day=today,
+                                             computed_at__gte=started).count() == 2,
+             timeout=60, what="a worker to recompute acme's and globex's usage")

@@ -8,6 +8,7 @@ from django.utils import timezone
 from django_tenants.utils import schema_context
 
 from runs.usage.models import UsageDay
+from runs.usage.selectors import usage_month, usage_summary
 from runs.usage.services import usage_day_refresh
 from tenants.models import Scope
 from tenants.services import api_key_create
@@ -62,3 +63,21 @@ def test_runs_read_is_enough_and_needed(acme):
     assert api_client(reader).get("/api/v1/usage").status_code == 200
     writer = api_key_create(tenant=acme, name="usage-writer", scopes=[Scope.EVENTS_WRITE])[1]
     assert api_client(writer).get("/api/v1/usage").json()["error"]["code"] == "insufficient_scope"
+
+
+def test_usage_summary_and_month_for_the_console(acme, globex, quotas):
+    quotas(acme, runs_per_day=50, tokens_per_month=10_000)
+    summary = {use.name: use for use in usage_summary(tenant=acme)}
+    assert set(summary) == {"concurrent_runs", "runs_per_day", "tokens_per_month",
+                            "cost_usd_per_month", "hot_bytes", "sandbox_cpu_seconds_per_day",
+                            "api_requests_per_minute"}
+    assert summary["runs_per_day"].limit == 50 and summary["tokens_per_month"].limit == 10_000
+    assert summary["runs_per_day"].resets_at is not None and summary["hot_bytes"].used > 0
+    assert {use.name: use.limit for use in usage_summary(tenant=globex)}["runs_per_day"] is None
+    before = usage_month(tenant=acme)
+    with schema_context("acme"):
+        finished(start("research", input={"iterations": 1}).id)
+    after = usage_month(tenant=acme)
+    assert after["month"] == timezone.now().strftime("%Y-%m")
+    assert after["runs_started"] == before["runs_started"] + 1
+    assert after["runs_finished"]["succeeded"] == before["runs_finished"].get("succeeded", 0) + 1
