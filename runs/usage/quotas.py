@@ -65,12 +65,15 @@ class QuotaUse:
 class QuotaExceeded(ServiceError):
     """Over a quota: `fields` carries the quota's name, limit, current use and reset time."""
 
-    def __init__(self, use: QuotaUse):
+    def __init__(self, use: QuotaUse, *, now: datetime | None = None):
         reset = f"; it resets at {use.resets_at.isoformat()}" if use.resets_at else ""
         super().__init__("quota_exceeded", f"The tenant's quota of {use.label} is reached: "
                          f"{_number(use.used)} used of {_number(use.limit)}{reset}.")
         self.use = use
         self.fields = use.as_dict()
+        # the API's Retry-After: until the count resets (none for a quota that does not)
+        self.retry_after = None if use.resets_at is None else \
+            (use.resets_at - (now or timezone.now())).total_seconds()
 
 
 def _number(value) -> str:
@@ -159,7 +162,7 @@ def quota_check_start(*, tenant: Tenant | None = None, now: datetime | None = No
     names = tuple(name for name in START_QUOTAS if limits[name] is not None)
     for use in quota_uses(tenant=tenant, now=now, names=names):
         if use.exceeded:
-            raise QuotaExceeded(use)
+            raise QuotaExceeded(use, now=now)
 
 
 def quota_check_model(*, tenant: Tenant | None = None, now: datetime | None = None) -> QuotaUse | None:

@@ -61,6 +61,8 @@ def test_runs_per_day_over_quota_is_429_with_the_quota_and_resets_at_midnight(
     assert error["fields"] == {"quota": "runs_per_day", "limit": used + 1, "used": used + 1,
                                "resets_at": (today + timedelta(days=1)).isoformat()}
     assert "runs started per day" in error["message"]
+    wait = (today + timedelta(days=1) - timezone.now()).total_seconds()
+    assert abs(int(refused["Retry-After"]) - wait) <= 5
     # globex's runs are its own business
     assert globex_api.post("/api/v1/runs", {"agent": "research", "input": {"iterations": 1}},
                            format="json").status_code == 201
