@@ -83,8 +83,8 @@ def runs_in_flight() -> int:
 
 def sandbox_seconds(*, since: datetime, until: datetime) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of the sandboxed commands run in the window. CPU is the
-    jail's measurement where it made one (cpu_ms), else its wall time: an upper bound for a
-    jail held to one CPU or less (SANDBOX_CPUS)."""
+    jail's cgroup measurement (cpu_ms) where the host accounts it, else its wall time: an
+    upper bound for a jail held to one CPU or less (SANDBOX_CPUS)."""
     rows = SandboxExecution.objects.filter(created_at__gte=since, created_at__lt=until)
     totals = rows.aggregate(wall=Sum("duration_ms"), cpu=Sum("cpu_ms"),
                             unmeasured=Sum("duration_ms", filter=Q(cpu_ms__isnull=True)))
