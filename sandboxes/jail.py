@@ -633,7 +633,6 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     )
 
 
-
 def _text(output: bytes) -> str:
     """A command's output as text PostgreSQL stores: invalid UTF-8 and NUL become U+FFFD."""
     return output.decode(errors="replace").replace("\0", "\ufffd")
