@@ -148,6 +148,17 @@ class TenantPlanRateThrottle(_CallerThrottle):
         tenant = getattr(request.user, "tenant", None)
         return tenant.schema_name if tenant is not None else None
 
+    @classmethod
+    def requests_last_minute(cls, schema: str, *, now: float | None = None) -> int | None:
+        """The tenant's requests counted in the window now (None: Redis out of reach)."""
+        full_key = cache.make_key(cls.cache_key_for(schema))
+        now = time.time() if now is None else now
+        try:
+            client = cache._cache.get_client(full_key, write=False)
+            return int(client.zcount(full_key, now - 60, "+inf"))
+        except RedisError:
+            return None
+
 
 # -- API requests per tenant and day (metering) ----------------------------------------------
 

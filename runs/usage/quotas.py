@@ -18,6 +18,7 @@ from django_tenants.utils import schema_context
 
 from agentplatform.errors import ServiceError
 from tenants.models import Tenant
+from tenants.throttling import TenantPlanRateThrottle
 
 from . import metering
 from .models import QUOTA_FIELDS, Plan, TenantQuota, UsageDay
@@ -142,8 +143,9 @@ def quota_uses(*, tenant: Tenant, now: datetime | None = None,
                 cpu, _ = metering.sandbox_seconds(since=today, until=tomorrow)
                 uses.append(QuotaUse(name, limit, round(cpu, 3), tomorrow))
             elif name == "api_requests_per_minute":
-                # the throttle's window slides: "reset" is a minute from now at the latest
-                uses.append(QuotaUse(name, limit, 0, None))
+                # the throttle's sliding window: it has no reset time, only a last minute
+                counted = TenantPlanRateThrottle.requests_last_minute(tenant.schema_name)
+                uses.append(QuotaUse(name, limit, counted or 0, None))
     return uses
 
 

@@ -191,6 +191,8 @@ def test_api_requests_per_minute_are_the_plans_and_only_the_tenants(acme, globex
         throttled = acme_api.get("/api/v1/runs")
         assert throttled.json()["error"]["code"] == "throttled" and "Retry-After" in throttled
         assert globex_api.get("/api/v1/runs").status_code == 200
+        assert _use(acme, "api_requests_per_minute").used == 2
+        assert _use(acme, "api_requests_per_minute").limit == 2
     finally:
         cache.delete(TenantPlanRateThrottle.cache_key_for("acme"))
 
