@@ -17,6 +17,7 @@ from runs.approvals.models import Approval, EventGate
 from runs.definitions.models import AgentDefinition
 from runs.dispatch.models import Wakeup
 from runs.dispatch.services import dispatch_ready, ready_clear, ready_mark
+from runs.usage.quotas import quota_check_start
 
 from .agents import UnknownAgent, registry
 from .events import event_record
@@ -45,10 +46,14 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
               durability: str = Run.Durability.SYNC, max_steps: int | None = None,
               max_wall_seconds: float | None = None, max_tokens: int | None = None,
               max_cost_usd=None, idempotency_key: str | None = None,
-              parent_id: UUID | None = None, enqueue: bool = True, by: str = "") -> Started:
+              parent_id: UUID | None = None, enqueue: bool = True, by: str = "",
+              now: datetime | None = None) -> Started:
     """Create a run pinned to the agent's current code, with its first checkpoint (visit 0).
     The input must match the agent's input schema, if it has one (invalid_input, naming each
     failing path). `by`: who started it, in its run_created event.
+
+    A tenant over a quota starts no run (quota_exceeded, runs.usage.quotas); a child run is
+    its parent's work, already admitted, and is not refused. `now`: the quotas' clock.
 
     A reused idempotency key returns the run it created, if the request was the same.
     """
@@ -80,6 +85,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         state = state_merge({}, input)
     except StateTooLarge as exc:
         raise RunError("state_too_large", str(exc)) from None
+    if parent_id is None:
+        quota_check_start(now=now)
     limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds,
               "max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
     for key, default in (definition.limits or {}).items():  # the agent's, where the caller set none

@@ -211,6 +211,15 @@ class JailCgroup:
         """Forks refused because the group was at pids.max."""
         return _counter(_read(self.dirs["pids"] / "pids.events"), "max")
 
+    def cpu_ms(self) -> float | None:
+        """CPU time the group's processes used, in ms (v2 cpu.stat; v1 cpuacct beside cpu), or
+        None where the host does not account it."""
+        if self.host.version == 2:
+            text = _read(self.dirs["cpu"] / "cpu.stat")
+            return _counter(text, "usage_usec") / 1000 if "usage_usec" in text else None
+        raw = _read(self.dirs["cpu"] / "cpuacct.usage").strip()
+        return int(raw) / 1e6 if raw.isdigit() else None
+
     def pids(self) -> list[int]:
         found = set()
         for directory in dict.fromkeys(self.dirs.values()):

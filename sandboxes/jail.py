@@ -115,6 +115,7 @@ class SandboxResult:
     changed_files: list[str] = field(default_factory=list)
     deleted_files: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
+    cpu_ms: float | None = None  # the jail's CPU time from its cgroup; None where not accounted
     replayed: bool = False  # True when returned from the record instead of run again
 
     @property
@@ -615,6 +616,8 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
     for stream in outputs:
         stream.close()
     duration_ms = (time.monotonic() - started) * 1000
+    # Only a cgroup sees the whole jail's CPU: bwrap's own rusage misses what it did not reap.
+    cpu_ms = cgroup.cpu_ms() if cgroup is not None else None
     check()
     stdout, stderr = _text(outputs[process.stdout]), _text(outputs[process.stderr])
     after = workspace_listing(workspace, max_depth=limits.max_depth)
@@ -626,6 +629,7 @@ def _run(*, workspace: Path, argv: list[str], limits: Limits, cgroup: JailCgroup
                              if before.get(p) != meta and not _is_dir(meta)),
         deleted_files=sorted(_name(p) for p in before.keys() - after.keys()),
         duration_ms=round(duration_ms, 3),
+        cpu_ms=None if cpu_ms is None else round(cpu_ms, 3),
     )
 
 

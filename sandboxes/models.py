@@ -25,6 +25,7 @@ class SandboxExecution(models.Model):
     changed_files = models.JSONField(default=list)
     deleted_files = models.JSONField(default=list)
     duration_ms = models.FloatField(default=0.0)
+    cpu_ms = models.FloatField(null=True, blank=True)  # the jail's cgroup CPU time, if accounted
     durable = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -509,7 +509,7 @@ def _result_of(row: SandboxExecution) -> SandboxResult:
         exit_code=row.exit_code, stdout=row.stdout, stderr=row.stderr, limit=row.limit or None,
         stdout_truncated=row.stdout_truncated, stderr_truncated=row.stderr_truncated,
         changed_files=row.changed_files, deleted_files=row.deleted_files,
-        duration_ms=row.duration_ms, replayed=True,
+        duration_ms=row.duration_ms, cpu_ms=row.cpu_ms, replayed=True,
     )
 
 
@@ -567,7 +567,7 @@ class SandboxSession:
                     stdout_truncated=result.stdout_truncated,
                     stderr_truncated=result.stderr_truncated,
                     changed_files=result.changed_files, deleted_files=result.deleted_files,
-                    duration_ms=result.duration_ms,
+                    duration_ms=result.duration_ms, cpu_ms=result.cpu_ms,
                 )
         except DataError as exc:  # the jail's output is sanitized; this is a last resort
             raise SandboxError(f"sandbox call {name!r} ran, but its outcome cannot be "

@@ -9,6 +9,7 @@ from agentplatform import api_errors
 
 from .models import Scope
 from .services import ApiKeyRejected, api_key_authenticate
+from .throttling import api_request_count
 
 
 class TenantPrincipal:
@@ -38,6 +39,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise api_errors.service_error(rejected) from None
         connection.set_tenant(key.tenant)  # reset to public by PublicSchemaMiddleware
         request.tenant = key.tenant
+        api_request_count(schema=key.tenant.schema_name)  # metering: runs.usage copies it daily
         return TenantPrincipal(key), key
 
     def authenticate_header(self, request):

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 import uuid
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.contrib.auth.forms import UsernameField
@@ -114,6 +115,81 @@ class TenantRateThrottle(_CallerThrottle):
     def ident_of(self, request):
         tenant = getattr(request.user, "tenant", None)
         return tenant.schema_name if tenant is not None else None
+
+
+class TenantPlanRateThrottle(_CallerThrottle):
+    """The tenant's own API requests per minute (its plan or override, runs.usage): the rate
+    comes from `rate_of(tenant)`, which the usage app sets at start-up (this layer cannot read
+    plans). No rate: no limit."""
+
+    scope = "tenant_plan"
+    rate_of = None  # (tenant) -> requests per minute, or None
+
+    def __init__(self):
+        self.rate, self.wait_seconds = None, None
+
+    def allow_request(self, request, view):
+        tenant = getattr(request.user, "tenant", None)
+        if tenant is None or type(self).rate_of is None:
+            return True
+        try:
+            per_minute = type(self).rate_of(tenant)
+        except Exception as exc:  # a quota that cannot be read must not take the API down
+            log.warning("throttle %s: rate of %s unreadable, request let through: %s",
+                        self.scope, tenant, exc)
+            return True
+        if per_minute is None:
+            return True
+        self.rate = f"{per_minute}/min"
+        self.num_requests, self.duration = int(per_minute), 60
+        return super().allow_request(request, view)
+
+    def ident_of(self, request):
+        tenant = getattr(request.user, "tenant", None)
+        return tenant.schema_name if tenant is not None else None
+
+    @classmethod
+    def requests_last_minute(cls, schema: str, *, now: float | None = None) -> int | None:
+        """The tenant's requests counted in the window now (None: Redis out of reach)."""
+        full_key = cache.make_key(cls.cache_key_for(schema))
+        now = time.time() if now is None else now
+        try:
+            client = cache._cache.get_client(full_key, write=False)
+            return int(client.zcount(full_key, now - 60, "+inf"))
+        except RedisError:
+            return None
+
+
+# -- API requests per tenant and day (metering) ----------------------------------------------
+
+API_REQUESTS_KEEP_SECONDS = 3 * 86400  # the usage task copies them well before they expire
+
+
+def api_requests_key(schema: str, day) -> str:
+    return f"usage-api-requests:{schema}:{day.isoformat()}"
+
+
+def api_request_count(*, schema: str, now: datetime | None = None) -> None:
+    """Count one authenticated API request for the tenant's UTC day (one INCR; Redis out of
+    reach loses the count, never the request)."""
+    day = (now or datetime.now(UTC)).date()
+    full_key = cache.make_key(api_requests_key(schema, day))
+    try:
+        client = cache._cache.get_client(full_key, write=True)
+        pipe = client.pipeline(transaction=False)
+        pipe.incr(full_key)
+        pipe.expire(full_key, API_REQUESTS_KEEP_SECONDS)
+        pipe.execute()
+    except RedisError as exc:
+        log.warning("api request count for %s lost: cache unavailable: %s", schema, exc)
+
+
+def api_requests_read(*, schema: str, day) -> int | None:
+    """The day's count so far, or None if Redis is out of reach."""
+    try:
+        return int(cache.get(api_requests_key(schema, day)) or 0)
+    except RedisError:
+        return None
 
 
 # -- the admin login ---------------------------------------------------------------------------

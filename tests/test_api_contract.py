@@ -56,10 +56,13 @@ schema.config.generation.update(allow_x00=False)
 # valid, tool names must not clash): no OpenAPI schema can say which are valid, so a schema-valid
 # one may still be 400 invalid_definition with fields. Likewise a credential's secrets are the
 # connector's to judge (an mcp server's url must be an http(s) URL with a host): a schema-valid
-# one may be 400 invalid_secrets. Every other check still holds for both.
+# one may be 400 invalid_secrets. The usage range is two dates that must be in order and at most
+# 400 days apart, which no schema of two separate parameters can say: 400 invalid_filter. Every
+# other check still holds for all three.
 DATA_CHECKED_BEYOND_THE_SCHEMA = {("POST", "/api/v1/agents"): [positive_data_acceptance],
                                   ("PUT", "/api/v1/credentials/{connector}/{label}"):
-                                      [positive_data_acceptance]}
+                                      [positive_data_acceptance],
+                                  ("GET", "/api/v1/usage"): [positive_data_acceptance]}
 
 
 def test_the_live_server_serves_the_fuzzed_schema(api_server):

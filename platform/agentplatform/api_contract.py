@@ -52,7 +52,8 @@ COMMON_ERRORS = {
            "such path.",
     "413": "`request_too_large`: the body is over the size limit.",
     "429": "`throttled`: too many requests for this key or tenant; retry after `Retry-After` "
-           "seconds.",
+           "seconds. `quota_exceeded` (starting a run): a tenant quota is reached; `fields` "
+           "names the quota, its limit, the use and when it resets.",
 }
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.",
                                "schema": {"type": "integer"}}}

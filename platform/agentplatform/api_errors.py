@@ -1,6 +1,7 @@
 """One JSON error shape for the whole API: {"error": {"code": ..., "message": ...}}, and the one
 place that says which HTTP status a service error's code means (docs/decisions/0010)."""
 
+import math
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
@@ -69,6 +70,8 @@ SERVICE_ERROR_STATUS = {
     "definition_conflict": status.HTTP_409_CONFLICT,
     "agent_retired": status.HTTP_409_CONFLICT,
     "platform_agent": status.HTTP_403_FORBIDDEN,  # the operator's: not the tenant's to change
+    # the tenant's quotas (runs.usage.quotas): fields name the quota, limit, use and reset time
+    "quota_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
 }
 
 
@@ -88,8 +91,11 @@ class ApiError(exceptions.APIException):
 
 
 def service_error(exc: ServiceError) -> ApiError:
-    """The API's answer to a service error (with `fields` where the service said where)."""
-    return ApiError(exc.code, exc.message, fields=getattr(exc, "fields", None) or None)
+    """The API's answer to a service error (with `fields` where the service said where, and
+    `Retry-After` where it said when trying again makes sense: `retry_after`, seconds)."""
+    error = ApiError(exc.code, exc.message, fields=getattr(exc, "fields", None) or None)
+    error.retry_after = getattr(exc, "retry_after", None)
+    return error
 
 
 def _code_for(exc: Exception) -> str:
@@ -120,6 +126,8 @@ def exception_handler(exc, context):
         if getattr(exc, "fields", None):
             body["fields"] = exc.fields
     headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After")}
+    if getattr(exc, "retry_after", None) is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return Response({"error": body}, status=response.status_code, headers=headers)
 
 

@@ -38,7 +38,9 @@ class PlatformConfig(AppConfig):
         from runs.engine.ports import Ports, ports_wire
         from runs.parked import Inbox, inbox_wire
         from runs.services import child_report, run_start, runs_inspect_in_flight
+        from runs.usage.quotas import api_rate_per_minute
         from sandboxes.services import SandboxSession
+        from tenants.throttling import TenantPlanRateThrottle
 
         ports_wire(Ports(
             effect_perform=effect_perform,
@@ -61,5 +63,6 @@ class PlatformConfig(AppConfig):
         tenant_agents.wire(TenantAgents(get=tenant_agent_get, all=tenant_agents_all))
         tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
                                         wakeup_fire=wakeup_fire))
+        TenantPlanRateThrottle.rate_of = lambda tenant: api_rate_per_minute(tenant=tenant)
         if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process
             ANNOUNCERS.append(slack_approval_announce)

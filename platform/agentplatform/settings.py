@@ -44,6 +44,7 @@ SHARED_APPS = [
     "django_otp",
     "django_otp.plugins.otp_totp",
     "dashboard",  # the customers' web dashboard at /
+    "runs.usage",  # metering and quotas: per tenant, in public
 ]
 TENANT_APPS = [
     "django.contrib.contenttypes",
@@ -144,7 +145,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenantRequest",
                                    "tenants.authentication.HasRequiredScope"],
     "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.ApiKeyRateThrottle",
-                                 "tenants.throttling.TenantRateThrottle"],
+                                 "tenants.throttling.TenantRateThrottle",
+                                 "tenants.throttling.TenantPlanRateThrottle"],
     "EXCEPTION_HANDLER": "agentplatform.api_errors.exception_handler",
     # JSON in: a form or multipart body is 415 (the schema documents application/json only)
     "DEFAULT_PARSER_CLASSES": ["agentplatform.parsers.JsonParser"],
@@ -248,6 +250,8 @@ CELERY_BEAT_SCHEDULE = {
                      "schedule": env.float("OUTBOX_SWEEP_SECONDS", default=5.0)},
     "webhook-inbox-sweep": {"task": "webhooks.inbox_sweep",
                             "schedule": env.float("WEBHOOK_INBOX_SWEEP_SECONDS", default=5.0)},
+    "usage-refresh": {"task": "usage.refresh_all_tenants",
+                      "schedule": env.float("USAGE_REFRESH_SECONDS", default=300.0)},
     "retention-archive": {"task": "retention.archive_all_tenants",
                           "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
 }

@@ -14,6 +14,7 @@ from runs.approvals import api as approvals_api
 from runs.definitions import api as definitions_api
 from runs.effects import api as effects_api
 from runs.retention import api as retention_api
+from runs.usage import api as usage_api
 
 api_v1 = [
     path("schema", api_contract.SchemaView.as_view(authentication_classes=[], permission_classes=[]),
@@ -40,6 +41,7 @@ api_v1 = [
     path("approvals/<uuid:approval_id>/decide", approvals_api.ApprovalDecide.as_view()),
     path("events", approvals_api.EventCreate.as_view()),
     path("runs/<uuid:run_id>/archive", retention_api.RunArchive.as_view()),
+    path("usage", usage_api.Usage.as_view()),
     path("credentials", integrations_api.CredentialList.as_view()),
     path("credentials/<str:connector>/<str:label>", integrations_api.CredentialDetail.as_view()),
     path("connections/slack", webhooks_api.SlackConnectionListCreate.as_view()),

@@ -3,7 +3,7 @@ being the schema name (views get it as their first argument; access.tenant_page 
 
 from django.urls import include, path
 
-from .views import accounts, agents, approvals, definitions, members, run, runs, settings
+from .views import accounts, agents, approvals, definitions, members, run, runs, settings, usage
 
 app_name = "dashboard"
 
@@ -15,6 +15,7 @@ tenant_pages = [
     *agents.urlpatterns,
     *members.urlpatterns,
     *settings.urlpatterns,
+    *usage.urlpatterns,
 ]
 
 urlpatterns = [

@@ -14,6 +14,7 @@ class Approval(models.Model):
         APPROVAL = "approval"  # wait_for_approval
         EFFECT_OUTCOME = "effect_outcome"  # an effect whose outcome is unknown after a crash
         BUDGET = "budget"  # a model call would exceed the run's budget
+        QUOTA = "quota"  # the tenant's monthly token or cost quota is reached (runs.usage)
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -45,7 +46,7 @@ class Approval(models.Model):
                 "pending", "approved", "rejected", "expired", "cancelled"]),
                 name="approval_status_valid"),
             models.CheckConstraint(
-                condition=models.Q(kind__in=["approval", "effect_outcome", "budget"]),
+                condition=models.Q(kind__in=["approval", "effect_outcome", "budget", "quota"]),
                 name="approval_kind_valid"),
             # A parked run waits for one thing: a second pending approval would be decided twice.
             models.UniqueConstraint(fields=["run"], condition=models.Q(status="pending"),

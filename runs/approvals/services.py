@@ -118,7 +118,12 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
         elif approval.kind == Approval.Kind.BUDGET and not approve:
             event_record(run_id=run.id, kind="approval_decided", **decision)
             run_fail_parked(run_id=run.id, reason=f"budget exceeded; not raised by {by}")
+        elif approval.kind == Approval.Kind.QUOTA and not approve:
+            event_record(run_id=run.id, kind="approval_decided", **decision)
+            run_fail_parked(run_id=run.id, reason=f"the tenant's {approval.request.get('quota')} "
+                            f"quota is reached; not raised by {by}")
         else:  # the step runs again at the same visit, with the person's answer applied
+            # (a quota approved: the approval itself lets this run past the quota this month)
             _settle(approval, run, approve=approve, by=by, result=result)
             run_resume(run_id=run.id, visit=approval.visit, step=None, update={},
                        event="approval_decided", **decision)

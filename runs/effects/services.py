@@ -36,6 +36,7 @@ from agentplatform.telemetry import span_start
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from integrations.services import CredentialNotFound, credential_get
+from runs.approvals.models import Approval
 from runs.engine import LeaseLost
 from runs.engine.ports import (
     BudgetExceeded,
@@ -47,6 +48,8 @@ from runs.engine.ports import (
 )
 from runs.events import event_record
 from runs.models import Branch, Run
+from runs.usage.metering import month_start
+from runs.usage.quotas import QuotaExceeded, quota_check_model
 
 from .models import Effect, OutboxMessage
 
@@ -319,8 +322,27 @@ def budget_checker(*, run_id: UUID, requested_tokens: int):
                 f"> {run.max_tokens}")
         if run.max_cost_usd is not None and run.cost_usd >= run.max_cost_usd:
             raise BudgetExceeded(f"cost budget: ${run.cost_usd} used of ${run.max_cost_usd}")
+        quota_park_if_reached(run_id=run_id)
 
     return check
+
+
+def quota_park_if_reached(*, run_id: UUID, now=None) -> None:
+    """The tenant's monthly token or cost quota reached: park the run for the tenant's owners
+    (a `quota` approval), unless an owner already let this run go past it this month."""
+    use = quota_check_model(now=now)
+    if use is None:
+        return
+    allowed = Approval.objects.filter(run_id=run_id, kind=Approval.Kind.QUOTA,
+                                      status=Approval.Status.APPROVED,
+                                      decided_at__gte=month_start(now or timezone.now()))
+    if allowed.exists():
+        return
+    raise NeedsPerson(Approval.Kind.QUOTA, {
+        "title": "Monthly quota reached: let this run go on?",
+        "body": f"{QuotaExceeded(use).message} Approve to let this run go past it this month; "
+                "reject to fail the run.",
+        "reason": QuotaExceeded(use).message, "deciders": ["role:owner"], **use.as_dict()})
 
 
 # -- the outbox ------------------------------------------------------------------------------

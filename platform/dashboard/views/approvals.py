@@ -33,6 +33,7 @@ CHOICES = {
     Approval.Kind.APPROVAL: ("Approve", "Reject"),
     Approval.Kind.EFFECT_OUTCOME: ("Delivered", "Not delivered"),
     Approval.Kind.BUDGET: ("Raise the budget", "Fail the run"),
+    Approval.Kind.QUOTA: ("Let this run go past the quota", "Fail the run"),
 }
 SHOWN_APART = ("title", "body", "artifact")  # the request's other keys are its details
 

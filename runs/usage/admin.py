@@ -1,0 +1,48 @@
+"""Founders' console: plans and each tenant's plan and quota overrides (editable with the change
+permission), and the metered days (read-only: they are recomputed from the tenants' rows)."""
+
+from django.contrib import admin
+
+from .models import QUOTA_FIELDS, Plan, TenantQuota, UsageDay
+
+
+@admin.register(Plan)
+class PlanAdmin(admin.ModelAdmin):
+    list_display = ("name", "is_default", *QUOTA_FIELDS)
+    ordering = ("name",)
+    search_fields = ("name",)
+
+
+@admin.register(TenantQuota)
+class TenantQuotaAdmin(admin.ModelAdmin):
+    list_display = ("tenant", "plan", *QUOTA_FIELDS, "updated_at")
+    list_select_related = ("tenant", "plan")
+    autocomplete_fields = ()
+    search_fields = ("tenant__schema_name", "tenant__name")
+    fieldsets = (
+        (None, {"fields": ("tenant", "plan")}),
+        ("Overrides (empty: the plan's limit)", {"fields": QUOTA_FIELDS}),
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("tenant",) if obj is not None else ()
+
+
+@admin.register(UsageDay)
+class UsageDayAdmin(admin.ModelAdmin):
+    list_display = ("tenant", "day", "runs_started", "steps", "tokens_in", "tokens_out",
+                    "cost_usd", "sandbox_cpu_seconds", "hot_bytes", "archive_bytes",
+                    "api_requests", "computed_at")
+    list_filter = ("day",)
+    search_fields = ("tenant__schema_name",)
+    date_hierarchy = "day"
+    ordering = ("-day", "tenant")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

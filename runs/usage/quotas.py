@@ -1,0 +1,196 @@
+"""Quotas: a tenant's limits (its plan's, overridden by its own), how much of each it uses now,
+and the checks at the point of use: run_start (concurrent runs, runs per day, tokens and cost per
+month, hot-store bytes, sandbox CPU per day), the model call's budget check (tokens and cost per
+month: the run parks for the owner) and the API throttle (requests per minute).
+
+Use is read live from the tenant's rows for today (runs.usage.metering) plus the closed days'
+UsageDay rows, so a check never waits for the beat task. Everything takes `now`: a test freezes
+time by passing it."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import connection
+from django.db.models import Sum
+from django.utils import timezone
+from django_tenants.utils import schema_context
+
+from agentplatform.errors import ServiceError
+from tenants.models import Tenant
+from tenants.throttling import TenantPlanRateThrottle
+
+from . import metering
+from .models import QUOTA_FIELDS, Plan, TenantQuota, UsageDay
+
+QUOTA_LABELS = {
+    "concurrent_runs": "concurrent runs",
+    "runs_per_day": "runs started per day",
+    "tokens_per_month": "model tokens per month",
+    "cost_usd_per_month": "model cost (USD) per month",
+    "hot_bytes": "hot-store bytes",
+    "sandbox_cpu_seconds_per_day": "sandbox CPU seconds per day",
+    "api_requests_per_minute": "API requests per minute",
+}
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One quota this period: its limit (None: none), what is used, when the count resets
+    (None: it does not, e.g. concurrent runs or stored bytes)."""
+
+    name: str
+    limit: float | None
+    used: float
+    resets_at: datetime | None
+
+    @property
+    def label(self) -> str:
+        return QUOTA_LABELS.get(self.name, self.name)
+
+    @property
+    def exceeded(self) -> bool:
+        return self.limit is not None and self.used >= self.limit
+
+    @property
+    def fraction(self) -> float | None:
+        if self.limit is None:
+            return None
+        return 1.0 if self.limit <= 0 else min(1.0, float(self.used) / float(self.limit))
+
+    def as_dict(self) -> dict:
+        return {"quota": self.name, "limit": self.limit, "used": self.used,
+                "resets_at": self.resets_at.isoformat() if self.resets_at else None}
+
+
+class QuotaExceeded(ServiceError):
+    """Over a quota: `fields` carries the quota's name, limit, current use and reset time."""
+
+    def __init__(self, use: QuotaUse, *, now: datetime | None = None):
+        reset = f"; it resets at {use.resets_at.isoformat()}" if use.resets_at else ""
+        super().__init__("quota_exceeded", f"The tenant's quota of {use.label} is reached: "
+                         f"{_number(use.used)} used of {_number(use.limit)}{reset}.")
+        self.use = use
+        self.fields = use.as_dict()
+        # the API's Retry-After: until the count resets (none for a quota that does not)
+        self.retry_after = None if use.resets_at is None else \
+            (use.resets_at - (now or timezone.now())).total_seconds()
+
+
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
+    """The tenant's seven limits: its override where set, else its plan's (or the default
+    plan's), else none."""
+    own = TenantQuota.objects.filter(tenant_id=tenant.pk).select_related("plan").first()
+    plan = own.plan if own is not None and own.plan is not None else \
+        Plan.objects.filter(is_default=True).first()
+    limits = {}
+    for name in QUOTA_FIELDS:
+        value = getattr(own, name, None) if own is not None else None
+        if value is None and plan is not None:
+            value = getattr(plan, name)
+        limits[name] = None if value is None else float(value)
+    return limits
+
+
+def _day_start(now: datetime) -> datetime:
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _closed_days(tenant: Tenant, since: datetime, today_start: datetime) -> dict:
+    """Sums of the UsageDay rows from `since` to yesterday (closed days: their rows are final)."""
+    return UsageDay.objects.filter(tenant_id=tenant.pk, day__gte=since.date(),
+                                   day__lt=today_start.date()).aggregate(
+        tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost_usd"))
+
+
+def month_model_use(*, tenant: Tenant, now: datetime) -> tuple[int, Decimal]:
+    """(tokens, cost) of the tenant's model calls this calendar month, up to now."""
+    today = _day_start(now)
+    closed = _closed_days(tenant, metering.month_start(now), today)
+    with schema_context(tenant.schema_name):
+        live = metering.model_use(since=today, until=today + timedelta(days=1))
+    tokens = (closed["tokens_in"] or 0) + (closed["tokens_out"] or 0) + live.tokens
+    return tokens, (closed["cost"] or Decimal(0)) + live.cost_usd
+
+
+def quota_uses(*, tenant: Tenant, now: datetime | None = None,
+               names: tuple[str, ...] = QUOTA_FIELDS) -> list[QuotaUse]:
+    """Each quota (of `names`) with its limit, current use and reset time."""
+    now = now or timezone.now()
+    limits = quota_limits(tenant=tenant)
+    today = _day_start(now)
+    tomorrow = today + timedelta(days=1)
+    uses = []
+    with schema_context(tenant.schema_name):
+        for name in names:
+            limit = limits[name]
+            if name == "concurrent_runs":
+                uses.append(QuotaUse(name, limit, metering.runs_in_flight(), None))
+            elif name == "runs_per_day":
+                uses.append(QuotaUse(name, limit, metering.runs_started(since=today, until=tomorrow),
+                                     tomorrow))
+            elif name in ("tokens_per_month", "cost_usd_per_month"):
+                tokens, cost = month_model_use(tenant=tenant, now=now)
+                used = tokens if name == "tokens_per_month" else float(cost)
+                uses.append(QuotaUse(name, limit, used, metering.next_month_start(now)))
+            elif name == "hot_bytes":
+                uses.append(QuotaUse(name, limit, metering.hot_bytes(), None))
+            elif name == "sandbox_cpu_seconds_per_day":
+                cpu, _ = metering.sandbox_seconds(since=today, until=tomorrow)
+                uses.append(QuotaUse(name, limit, round(cpu, 3), tomorrow))
+            elif name == "api_requests_per_minute":
+                # the throttle's sliding window: it has no reset time, only a last minute
+                counted = TenantPlanRateThrottle.requests_last_minute(tenant.schema_name)
+                uses.append(QuotaUse(name, limit, counted or 0, None))
+    return uses
+
+
+# Checked before a run starts; the per-minute API rate is the throttle's.
+START_QUOTAS = ("concurrent_runs", "runs_per_day", "tokens_per_month", "cost_usd_per_month",
+                "hot_bytes", "sandbox_cpu_seconds_per_day")
+
+
+def quota_check_start(*, tenant: Tenant | None = None, now: datetime | None = None) -> None:
+    """Raise QuotaExceeded if the tenant may not start another run now. Only the quotas with a
+    limit are measured (a tenant without limits pays nothing for this)."""
+    tenant = tenant or _current_tenant()
+    if tenant is None:
+        return
+    limits = quota_limits(tenant=tenant)
+    names = tuple(name for name in START_QUOTAS if limits[name] is not None)
+    for use in quota_uses(tenant=tenant, now=now, names=names):
+        if use.exceeded:
+            raise QuotaExceeded(use, now=now)
+
+
+def quota_check_model(*, tenant: Tenant | None = None, now: datetime | None = None) -> QuotaUse | None:
+    """The monthly token or cost quota a model call would go over (it is reached), or None."""
+    tenant = tenant or _current_tenant()
+    if tenant is None:
+        return None
+    limits = quota_limits(tenant=tenant)
+    names = tuple(n for n in ("tokens_per_month", "cost_usd_per_month") if limits[n] is not None)
+    for use in quota_uses(tenant=tenant, now=now, names=names):
+        if use.exceeded:
+            return use
+    return None
+
+
+def api_rate_per_minute(*, tenant: Tenant) -> int | None:
+    limit = quota_limits(tenant=tenant)["api_requests_per_minute"]
+    return None if limit is None else int(limit)
+
+
+def _current_tenant() -> Tenant | None:
+    """The tenant whose schema the connection is set to (None in public)."""
+    schema = connection.schema_name
+    if schema in ("", "public"):
+        return None
+    tenant = getattr(connection, "tenant", None)
+    if isinstance(tenant, Tenant) and tenant.schema_name == schema:
+        return tenant
+    return Tenant.objects.filter(schema_name=schema).first()

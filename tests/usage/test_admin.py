@@ -1,0 +1,45 @@
+"""Founders edit plans and tenant quotas in the console (change permission); metered days are
+read-only there; staff without the permission are refused."""
+
+import uuid
+
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from runs.usage.models import Plan, TenantQuota
+
+
+def _staff(**kwargs) -> Client:
+    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True,
+                                    **kwargs)
+    client = Client()
+    client.force_login(user)
+    return client, user
+
+
+def test_a_superuser_edits_a_plan_and_a_tenants_quota(acme, quotas):
+    client, _ = _staff(is_superuser=True)
+    for url in ("/admin/usage/plan/", "/admin/usage/plan/add/", "/admin/usage/tenantquota/",
+                "/admin/usage/tenantquota/add/", "/admin/usage/usageday/"):
+        assert client.get(url).status_code == 200, url
+    made = client.post("/admin/usage/plan/add/", {"name": "test-pro", "runs_per_day": "500"})
+    assert made.status_code == 302, made.content[:3000]
+    plan = Plan.objects.get(name="test-pro")
+    row = quotas(acme)
+    page = client.get(f"/admin/usage/tenantquota/{row.pk}/change/")
+    assert page.status_code == 200
+    changed = client.post(f"/admin/usage/tenantquota/{row.pk}/change/",
+                          {"plan": plan.pk, "tokens_per_month": "1000"})
+    assert changed.status_code == 302, changed.content[:3000]
+    row = TenantQuota.objects.get(pk=row.pk)
+    assert row.plan == plan and row.tokens_per_month == 1000
+
+
+def test_staff_without_the_permission_cannot_change_quotas(acme, quotas):
+    client, user = _staff()
+    user.user_permissions.add(Permission.objects.get(codename="view_tenantquota"))
+    row = quotas(acme, runs_per_day=5)
+    assert client.get("/admin/usage/tenantquota/").status_code == 200
+    client.post(f"/admin/usage/tenantquota/{row.pk}/change/", {"runs_per_day": "999999"})
+    assert TenantQuota.objects.get(pk=row.pk).runs_per_day == 5
+    assert client.get("/admin/usage/plan/").status_code == 403
