@@ -13,6 +13,7 @@ from django.utils.safestring import mark_safe
 
 from runs.console import selectors as console
 from runs.console import services as console_services
+from runs.usage.quotas import tenant_plan
 
 from . import services
 from .models import ApiKey, ConsoleAccess, Tenant
@@ -64,7 +65,8 @@ class TenantAdmin(admin.ModelAdmin):
 
     @admin.display(description="plan")
     def plan(self, obj):
-        return getattr(obj, "plan", None) or "—"  # plans come with metering (runs.usage)
+        plan = tenant_plan(tenant=obj)
+        return plan.name if plan is not None else "—"
 
     @admin.display(description="usage this month")
     def usage_this_month(self, obj):

@@ -22,14 +22,8 @@ from runs.dispatch.models import ReadyRun, Wakeup, WorkerHeartbeat
 from runs.effects.models import OutboxMessage
 from runs.models import Branch, Run, RunEvent
 from runs.retention.selectors import archive_summary
+from runs.usage.selectors import usage_summary
 from tenants.models import ApiKey, Tenant
-
-try:  # metering and quotas live in runs.usage; a deploy without it shows no usage
-    from runs.usage import selectors as usage_selectors
-except ModuleNotFoundError as exc:
-    if exc.name not in ("runs.usage", "runs.usage.selectors"):
-        raise
-    usage_selectors = None
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +140,10 @@ class QuotaLine:
         return None if not self.limit else self.used / self.limit
 
 
-def tenant_usage(*, tenant: Tenant) -> list[QuotaLine] | None:
-    """This period's use against each quota (runs.usage.selectors.usage_summary); None when
-    metering is not installed."""
-    if usage_selectors is None:
-        return None
+def tenant_usage(*, tenant: Tenant) -> list[QuotaLine]:
+    """This period's use against each quota (runs.usage.selectors.usage_summary)."""
     try:
-        quotas = usage_selectors.usage_summary(tenant=tenant)
+        quotas = usage_summary(tenant=tenant)
     except DatabaseError:  # one tenant's figures must not take the tenant list down
         log.warning("console: no usage for %s", tenant.schema_name, exc_info=True)
         return []

@@ -81,12 +81,18 @@ def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def tenant_plan(*, tenant: Tenant) -> Plan | None:
+    """The tenant's plan, or the default plan when it has none of its own (None: no plans)."""
+    own = TenantQuota.objects.filter(tenant_id=tenant.pk).select_related("plan").first()
+    return own.plan if own is not None and own.plan is not None else \
+        Plan.objects.filter(is_default=True).first()
+
+
 def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
     """The tenant's seven limits: its override where set, else its plan's (or the default
     plan's), else none."""
-    own = TenantQuota.objects.filter(tenant_id=tenant.pk).select_related("plan").first()
-    plan = own.plan if own is not None and own.plan is not None else \
-        Plan.objects.filter(is_default=True).first()
+    own = TenantQuota.objects.filter(tenant_id=tenant.pk).first()
+    plan = tenant_plan(tenant=tenant)
     limits = {}
     for name in QUOTA_FIELDS:
         value = getattr(own, name, None) if own is not None else None

@@ -14,7 +14,6 @@ from django_tenants.utils import tenant_context
 
 from runs import engine
 from runs.console import selectors as console
-from runs.console.selectors import QuotaLine
 from runs.dispatch.models import ReadyRun, Wakeup, WorkerHeartbeat
 from runs.dispatch.services import ready_mark
 from runs.effects.models import OutboxMessage
@@ -22,6 +21,7 @@ from runs.engine import claims
 from runs.leases import leases, worker_id
 from runs.models import Run
 from runs.services import run_cancel, run_requeue
+from runs.usage.models import Plan, TenantQuota
 from tenants.models import ApiKey, AuditEntry, ConsoleAccess, Tenant
 from tests.support import rollout_v2_agents  # noqa: F401  (rollout v2 has "work"; v3 renamed it)
 from tests.support.runs import start
@@ -228,20 +228,16 @@ def test_a_superusers_only_tenants_stuck_runs_stay_hidden_and_untouched(stuck, g
         Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
 
 
-def test_tenant_list_shows_members_usage_against_quotas_and_last_activity(acme, monkeypatch):
-    class UsageStandIn:  # runs.usage ships on another branch: its signature, in this test only
-        @staticmethod
-        def usage_summary(*, tenant):
-            return [QuotaLine("runs_per_day", 100, 95, None),
-                    QuotaLine("tokens_per_month", None, 1_500_000, None)]
-
-    monkeypatch.setattr(console, "usage_selectors", UsageStandIn)
+def test_tenant_list_shows_plan_members_usage_against_quotas_and_last_activity(acme):
+    plan = Plan.objects.create(name=f"starter-{uuid.uuid4().hex[:6]}", runs_per_day=1)
+    TenantQuota.objects.update_or_create(tenant=acme, defaults={"plan": plan})
     with tenant_context(acme):
         run = start("chatter")
     try:
         founder, _ = logged_in(superuser=True)
         page = founder.get("/admin/tenants/tenant/").content.decode()
-        assert "⚠ runs_per_day: 95 / 100" in page and "tokens_per_month: 1.5M / ∞" in page
+        assert plan.name in page  # its plan, and the day's one run of one allowed
+        assert "⚠ runs_per_day: 1 / 1" in page and "tokens_per_month: 0 / ∞" in page
         for column in ("column-plan", "column-members", "column-usage_this_month",
                        "column-last_activity"):
             assert column in page
@@ -250,6 +246,8 @@ def test_tenant_list_shows_members_usage_against_quotas_and_last_activity(acme, 
         assert "tenant-usage" in detail and "runs_per_day" in detail
     finally:
         settle(acme, run)
+        TenantQuota.objects.filter(tenant=acme).delete()
+        plan.delete()
 
 
 def test_a_tenants_page_shows_its_runs_by_status_stuck_runs_and_archive_state(stuck, acme):
