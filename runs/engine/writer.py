@@ -1,5 +1,6 @@
 """Where a run is (`Position`), and the durability-mode writer that makes positions checkpoints."""
 
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -7,6 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+
+from agentplatform.metrics import checkpoint_write_duration
 
 from ..models import LogEntry, Run
 from .outcome import CheckpointWriteFailed, LeaseLost, StepError
@@ -139,8 +142,10 @@ class CheckpointWriter:
         self._commit(position)
 
     def _commit(self, position: Position, **run_fields) -> None:
+        started = time.perf_counter()
         self.cancel_requested |= checkpoint_commit(
             run=self.run, epoch=self.epoch, position=position, **run_fields
         )
+        checkpoint_write_duration.record(time.perf_counter() - started, {"durability": self.mode})
         position.pending_entries, position.pending_outbox = [], []
 
