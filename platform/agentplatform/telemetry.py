@@ -193,7 +193,9 @@ def _tracing_setup(resource, *, otlp: bool, spans_dir: str) -> None:
         provider.add_span_processor(SpanRedactor(SimpleSpanProcessor(SpanFileExporter(spans_dir))))
     trace.set_tracer_provider(provider)
     # Server spans for every request (the parent of what a request enqueues), a span per SQL
-    # statement (its text, never its parameters).
+    # statement (its text, never its parameters). The stable HTTP conventions label the
+    # request metrics by route, not by the Host header a client chooses (bounded cardinality).
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
     DjangoInstrumentor().instrument()
     PsycopgInstrumentor().instrument(enable_commenter=False)
 
