@@ -17,12 +17,14 @@ import pytest
 import requests
 
 from agentplatform import localprocs
+from integrations.webhooks.services import slack_connection_create
 from tests.conftest import LOGS
 from tests.effects.receiver import Receiver
 from tests.settings import SLOT
 from tests.support.fakes.smtp import free_port
 from tests.support.live_server import LiveServer
 from tests.support.waiting import wait_for
+from tests.webhooks.slack import event_body, signed_headers
 
 TOKEN = "metrics-" + uuid.uuid4().hex
 
@@ -190,3 +192,48 @@ def test_one_trace_spans_the_api_request_and_the_workers_steps(platform, finishe
     # psycopg's statements are in the trace too, as children of what ran them
     assert any(s["attributes"].get("db.system") == "postgresql"
                and s["context"]["trace_id"] == request["context"]["trace_id"] for s in spans)
+
+
+def test_a_webhook_that_resumes_a_run_is_the_root_of_the_resumed_slices_trace(platform, acme):
+    secret = "telemetry-signing-" + uuid.uuid4().hex
+    slack = slack_connection_create(tenant=acme, team_id=f"T{uuid.uuid4().hex[:10].upper()}",
+                                    signing_secret=secret)
+    channel = f"C{uuid.uuid4().hex[:10].upper()}"
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {os.environ['TEST_ACME_KEY']}"
+    url = platform["web"].url
+    response = api.post(f"{url}/api/v1/runs", json={"agent": "waiter", "input": {
+        "how": "event", "kind": "slack.message", "key": channel}}, timeout=10)
+    assert response.status_code == 201, response.text
+    run_id = response.json()["id"]
+
+    def status():
+        return api.get(f"{url}/api/v1/runs/{run_id}", timeout=10).json().get("status")
+
+    wait_for(lambda: status() == "waiting", timeout=30, what="the run to wait on the event")
+    body = event_body(slack.team_id, {"type": "message", "channel": channel, "text": "go"})
+    headers = {key.removeprefix("HTTP_").replace("_", "-"): value
+               for key, value in signed_headers(secret, body).items()}
+    answer = requests.post(f"{url}/webhooks/slack/{slack.id}/events", data=body, timeout=10,
+                           headers={**headers, "Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    wait_for(lambda: status() == "succeeded", timeout=30, what="the event to resume the run")
+
+    def traced():
+        spans = spans_read(platform["spans"])
+        hooks = [s for s in spans if s["kind"] == "SpanKind.SERVER" and "slack" in s["name"]]
+        resumed = [s for s in spans if s["name"] == "step event_seen"
+                   and s["attributes"].get("run.id") == run_id]
+        return (spans, hooks, resumed) if hooks and resumed else None
+
+    spans, [hook], [step] = wait_for(traced, timeout=20, what="the resumed step's span")
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    chain, span = [], step
+    while span.get("parent_id"):
+        span = by_id[span["parent_id"]]
+        chain.append(span["name"])
+    assert span is hook, chain  # webhook → inbox delivery task → run.advance → the step
+    assert "run.advance" in chain and any("webhooks.inbox_deliver" in name for name in chain)
+    found = samples(scrape(f"{url}/metrics").text)
+    assert value(found, "agentplatform_webhook_receipts_total", source="slack_events",
+                 result="accepted") >= 1

@@ -1,8 +1,12 @@
 """What is counted where it happens, read in this process through an in-memory reader: a lease
 taken over, a webhook's receipt, a run's start and end; and contrib spans are redacted."""
 
+import os
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -20,6 +24,7 @@ from tests.support.api import api_client
 from tests.support.runs import finished, start
 
 READER = InMemoryMetricReader()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,3 +89,18 @@ def test_a_contrib_spans_exception_is_redacted_and_has_no_stack():
     assert "S3cretPW" not in repr(dict(event.attributes)) + (span.status.description or "")
     assert "[redacted]" in event.attributes["exception.message"]
     assert span.status.status_code is trace.StatusCode.ERROR
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"METRICS_PROMETHEUS": "1"}, "nobody may scrape"),
+    ({"METRICS_WORKER_PORT": "9500"}, "nobody may scrape"),
+    ({"METRICS_PROMETHEUS": "1", "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8,intranet"},
+     "'intranet' is not a network"),
+])
+def test_metrics_on_in_production_without_a_token_or_networks_refuse_to_start(env, message):
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith("METRICS_")}
+    environment.update(env, DJANGO_DEBUG="0")
+    done = subprocess.run([sys.executable, "-c", "import agentplatform.settings"],
+                          env=environment, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
