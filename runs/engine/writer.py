@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from opentelemetry import context as trace_context
 
 from agentplatform.metrics import checkpoint_write_duration
 
@@ -71,7 +72,10 @@ class CheckpointWriter:
             while len(self._in_flight) >= settings.RUN_ASYNC_MAX_PENDING_WRITES:
                 self._settle(self._in_flight.popleft())  # bounded: memory and loss on a crash
             previous = self._future
-            self._future = self._executor.submit(self._commit_after, previous, position)
+            # The trace goes along (only it: copying every context variable would hand the
+            # writer thread this thread's database connection), so its statements are the step's.
+            self._future = self._executor.submit(self._commit_after, previous, position,
+                                                 trace_context.get_current())
             self._in_flight.append(self._future)
         else:
             if self._held is not None:
@@ -136,10 +140,15 @@ class CheckpointWriter:
             self._failed = exc
             raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
 
-    def _commit_after(self, previous: Future | None, position: Position) -> None:
-        if previous is not None:
-            previous.result()
-        self._commit(position)
+    def _commit_after(self, previous: Future | None, position: Position,
+                      traced: trace_context.Context) -> None:
+        token = trace_context.attach(traced)
+        try:
+            if previous is not None:
+                previous.result()
+            self._commit(position)
+        finally:
+            trace_context.detach(token)
 
     def _commit(self, position: Position, **run_fields) -> None:
         started = time.perf_counter()
