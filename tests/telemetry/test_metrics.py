@@ -37,9 +37,12 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory, django_db_setup):
+def platform(tmp_path_factory, django_db_setup, _session_beat):
     """A web process and a worker on a queue of their own (no session worker takes the run),
-    both tracing into one directory, both serving metrics to TOKEN."""
+    both tracing into one directory, both serving metrics to TOKEN. The session's beat is
+    stopped meanwhile (the `beat` fixture starts it again): its watchdog and sweeps would hand
+    a slow run or webhook item to the session's worker, outside the traces read here."""
+    _session_beat.stop()
     spans = tmp_path_factory.mktemp("spans")
     queue = f"agentplatform-test{SLOT or ''}-telemetry-{uuid.uuid4().hex[:8]}"
     worker_port = free_port()
