@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 from opentelemetry import metrics
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.metrics import CallbackOptions, Observation
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ def _reading(name: str, read: Callable[[], object] | None):
         if value is not None and time.monotonic() - at < settings.METRICS_GAUGE_CACHE_SECONDS:
             return value
         try:
-            value = read()
+            with suppress_instrumentation():  # a scrape's own queries are not traced
+                value = read()
         except Exception:  # a gauge must never break a scrape or the export thread
             log.warning("fleet gauge %s: reading failed", name, exc_info=True)
             return None

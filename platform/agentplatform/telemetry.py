@@ -196,7 +196,9 @@ def _tracing_setup(resource, *, otlp: bool, spans_dir: str) -> None:
     # statement (its text, never its parameters). The stable HTTP conventions label the
     # request metrics by route, not by the Host header a client chooses (bounded cardinality).
     os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
-    DjangoInstrumentor().instrument()
+    # probes and scrapes every few seconds are no one's trace
+    DjangoInstrumentor().instrument(excluded_urls=os.environ.get(
+        "OTEL_PYTHON_DJANGO_EXCLUDED_URLS", r"/(healthz|readyz|metrics)$"))
     PsycopgInstrumentor().instrument(enable_commenter=False)
 
 

@@ -240,3 +240,10 @@ def test_a_webhook_that_resumes_a_run_is_the_root_of_the_resumed_slices_trace(pl
     found = samples(scrape(f"{url}/metrics").text)
     assert value(found, "agentplatform_webhook_receipts_total", source="slack_events",
                  result="accepted") >= 1
+
+
+def test_scrapes_and_probes_are_not_traced(platform, finished_run):
+    scrape(f"{platform['web'].url}/metrics")
+    requests.get(f"{platform['web'].url}/healthz", timeout=10)
+    names = {s["name"] for s in spans_read(platform["spans"]) if s["kind"] == "SpanKind.SERVER"}
+    assert not any("metrics" in name or "healthz" in name for name in names), names
