@@ -25,7 +25,6 @@ the contrib instrumentations, which use those defaults, are redacted the same wa
 (`SpanRedactor`)."""
 
 import json
-import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -64,7 +63,6 @@ def span_failed(span: Span, exc: BaseException) -> None:
 # -- context carried by hand ---------------------------------------------------------------------
 
 _w3c = TraceContextTextMapPropagator()
-log = logging.getLogger(__name__)
 
 
 def trace_parent() -> str:

@@ -77,15 +77,17 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
                 span.set_attribute("model.cost_usd", float(result.get("cost_usd", 0)))
             return result
     except Exception as exc:
-        report["outcome"] = _EFFECT_OUTCOMES.get(type(exc), "error")
+        report["outcome"] = next((outcome for kind, outcome in _EFFECT_OUTCOMES
+                                  if isinstance(exc, kind)), "error")
         raise
     finally:  # the connector's name is the platform's (a registered class), never a tenant's
         effects_counted.add(1, {"connector": connector if _known(connector) else "other",
                                 "outcome": report["outcome"]})
 
 
-_EFFECT_OUTCOMES = {EffectError: "failed", EffectRefused: "refused", NeedsPerson: "unknown",
-                    BudgetExceeded: "budget", LeaseLost: "lease_lost"}
+# the first that matches: EffectRefused is an EffectError
+_EFFECT_OUTCOMES = ((EffectRefused, "refused"), (EffectError, "failed"), (NeedsPerson, "unknown"),
+                    (BudgetExceeded, "budget"), (LeaseLost, "lease_lost"))
 
 
 def _known(connector: str) -> bool:
