@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
+from agentplatform.metrics import run_finished_count, run_started_count
 from runs.approvals.models import Approval, EventGate
 from runs.definitions.models import AgentDefinition
 from runs.dispatch.models import Wakeup
@@ -109,6 +110,7 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
                          **({"by": by} if by else {}))
             if enqueue:
                 run_enqueue(run.id)
+            run_started_count()
     except IntegrityError:
         # Two requests raced on one idempotency key: the first one's run is the answer.
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
@@ -195,6 +197,7 @@ def _cancel_locked(run: Run, *, by: str = "") -> None:
     inbox().parked_cancel(run_id=run.id)  # approvals, gates, wakeups: the order in decision 0008
     ready_clear(run_id=run.id)
     event_record(run_id=run.id, kind="run_cancelled", **who)
+    run_finished_count(status=Run.Status.CANCELLED)
     child_report(run_id=run.id, status=Run.Status.CANCELLED, error="cancelled")
 
 
@@ -536,6 +539,7 @@ def run_fail_parked(*, run_id: UUID, reason: str) -> None:
         status=Run.Status.FAILED, error=reason, waiting_reason="", finished_at=timezone.now())
     if failed:
         event_record(run_id=run_id, kind="run_failed", error=reason)
+        run_finished_count(status=Run.Status.FAILED)
         child_report(run_id=run_id, status=Run.Status.FAILED, error=reason)
 
 

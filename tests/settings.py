@@ -24,8 +24,10 @@ os.environ["DATABASE_URL"] = os.environ.get(
 os.environ["CELERY_BROKER_URL"] = os.environ.get(
     "TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - SLOT}"
 )
-os.environ["CELERY_QUEUE"] = f"agentplatform-test{SLOT or ''}"
-os.environ["CELERY_OUTBOX_QUEUE"] = f"agentplatform-test{SLOT or ''}-outbox"
+# TEST_CELERY_QUEUE: processes a test starts on a queue of their own (tests/telemetry), so the
+# session's workers never take their runs.
+os.environ["CELERY_QUEUE"] = os.environ.get("TEST_CELERY_QUEUE", f"agentplatform-test{SLOT or ''}")
+os.environ["CELERY_OUTBOX_QUEUE"] = f"{os.environ['CELERY_QUEUE']}-outbox"
 os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"

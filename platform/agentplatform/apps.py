@@ -15,6 +15,7 @@ class PlatformConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here: an app's services may load only once every app's models are ready.
+        from agentplatform.metrics import fleet_wire
         from integrations.webhooks.slack_approvals import slack_approval_announce
         from runs.agents import TenantAgents, tenant_agents
         from runs.approvals.services import (
@@ -29,6 +30,8 @@ class PlatformConfig(AppConfig):
         )
         from runs.definitions.registry import tenant_agent_get, tenant_agents_all
         from runs.dispatch.ports import TickHandlers, tick_handlers_wire
+        from runs.dispatch.selectors import ready_backlog
+        from runs.effects.selectors import outbox_backlog
         from runs.effects.services import (
             budget_checker,
             effect_outcome_unknown,
@@ -64,5 +67,6 @@ class PlatformConfig(AppConfig):
         tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
                                         wakeup_fire=wakeup_fire))
         TenantPlanRateThrottle.rate_of = lambda tenant: api_rate_per_minute(tenant=tenant)
+        fleet_wire(ready=ready_backlog, outbox=outbox_backlog)
         if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process
             ANNOUNCERS.append(slack_approval_announce)

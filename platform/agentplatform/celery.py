@@ -2,11 +2,14 @@
 
 import os
 
-from celery.signals import after_setup_logger, after_setup_task_logger
+from billiard.process import current_process
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_init, worker_process_init
 from django.conf import settings
 from tenant_schemas_celery.app import CeleryApp
 
+from agentplatform.prometheus import worker_metrics_serve
 from agentplatform.redaction import SecretsRedactingFilter
+from agentplatform.telemetry import celery_instrument
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
 
@@ -30,3 +33,20 @@ def logs_redacted(logger, **kwargs):
     for handler in logger.handlers:
         if not any(isinstance(f, SecretsRedactingFilter) for f in handler.filters):
             handler.addFilter(SecretsRedactingFilter())
+
+
+@worker_init.connect
+def worker_telemetry(sender, **kwargs):
+    """Celery spans in workers (their context travels in the task headers); a threads or solo
+    worker runs its tasks here, so it serves its metrics here."""
+    celery_instrument()
+    if "prefork" not in str(sender.pool_cls).lower():
+        worker_metrics_serve(offset=0)
+
+
+@worker_process_init.connect
+def worker_process_metrics(**kwargs):
+    """A prefork pool process has metrics of its own: served on a port of its own."""
+    index = getattr(current_process(), "index", None)
+    if index is not None:
+        worker_metrics_serve(offset=index)

@@ -3,6 +3,7 @@
 Every variable is listed in README.md ("Configuration").
 """
 
+import ipaddress
 from pathlib import Path
 
 import environ
@@ -397,6 +398,34 @@ EVENT_BUFFER_SECONDS = env.float("EVENT_BUFFER_SECONDS", default=24 * 3600.0)
 # events) older than this: longer than the senders retry (Pub/Sub keeps messages 7 days).
 EVENT_DEDUPE_RETENTION_SECONDS = env.float("EVENT_DEDUPE_RETENTION_SECONDS",
                                            default=8 * 24 * 3600.0)
+
+# -- telemetry (docs/operators.md#metrics-and-traces) ------------------------------------------
+# Tracing and OTLP export follow OTEL_EXPORTER_OTLP_ENDPOINT (read by the SDK itself). Spans as
+# JSON lines, a file per process in this directory: for development and tests, not production.
+TELEMETRY_SPANS_DIR = env("TELEMETRY_SPANS_DIR", default="")
+# Off unless asked: `/metrics` (Prometheus text) in web processes, and a port per Celery worker
+# process (METRICS_WORKER_PORT + pool index; 0: none), bound to METRICS_WORKER_ADDR.
+METRICS_PROMETHEUS = env.bool("METRICS_PROMETHEUS", default=False)
+METRICS_WORKER_PORT = env.int("METRICS_WORKER_PORT", default=0)
+METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="127.0.0.1")
+# Who may scrape: a bearer token, or an address in these networks. Behind a reverse proxy every
+# client looks like the proxy, so production (DEBUG off) trusts no network unless told: set a
+# token. The metrics carry no tenant names, but the fleet's size and load are nobody's business.
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS",
+                                    default=["127.0.0.0/8", "::1/128"] if DEBUG else [])
+for _network in METRICS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"METRICS_ALLOWED_NETWORKS: {_network!r} is not a network (e.g. 10.0.0.0/8)") from None
+if (METRICS_PROMETHEUS or METRICS_WORKER_PORT) and not (METRICS_TOKEN or METRICS_ALLOWED_NETWORKS):
+    raise ImproperlyConfigured(
+        "METRICS_PROMETHEUS or METRICS_WORKER_PORT is set but nobody may scrape: set METRICS_TOKEN "
+        "(a long random value) or METRICS_ALLOWED_NETWORKS")
+# A fleet gauge (ready list, outbox backlog) is read from the database at most this often.
+METRICS_GAUGE_CACHE_SECONDS = env.float("METRICS_GAUGE_CACHE_SECONDS", default=15.0)
 
 LOGGING = {
     "version": 1,

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularSwaggerView
 from agentplatform import (
     api_contract,  # also registers the API key's security scheme
     health,
+    prometheus,
 )
 from integrations import api as integrations_api
 from integrations.webhooks import api as webhooks_api
@@ -62,6 +63,7 @@ webhooks = [
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", prometheus.metrics_view, name="metrics"),  # off unless METRICS_PROMETHEUS
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("webhooks/", include(webhooks)),

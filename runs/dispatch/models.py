@@ -19,6 +19,9 @@ class ReadyRun(models.Model):
     # Since when workers keep handing it back for lack of its agent version (rolling deploy).
     deferred_since = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # The W3C traceparent of whoever made it runnable (a request, a webhook's delivery), so the
+    # worker's run.advance continues that trace, whichever process dispatches it ("": none).
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [

@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_tenants.utils import schema_context
 
 from agentplatform.doorbell import doorbell_ring
+from agentplatform.telemetry import trace_parent
 
 from .models import ReadyRun, Wakeup
 from .ports import tick_handlers
@@ -33,13 +34,15 @@ def ready_mark(*, run_id: UUID, branch: int = -1) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {READY} (tenant_id, schema_name, run_id, branch, ready_at, dispatched_at)
-            SELECT t.id, t.schema_name, %s, %s, now(), NULL
+            INSERT INTO {READY} (tenant_id, schema_name, run_id, branch, ready_at, dispatched_at,
+                                 traceparent)
+            SELECT t.id, t.schema_name, %s, %s, now(), NULL, %s
               FROM public.tenants_tenant t WHERE t.schema_name = %s
             ON CONFLICT (run_id, branch) DO UPDATE SET ready_at = now(), dispatched_at = NULL,
-                                                      deferred_since = NULL
+                                                      deferred_since = NULL,
+                                                      traceparent = EXCLUDED.traceparent
             """,
-            [run_id, branch, connection.schema_name],
+            [run_id, branch, trace_parent(), connection.schema_name],
         )
 
 
@@ -50,8 +53,8 @@ def ready_defer(*, run_id: UUID, branch: int = -1, delay_seconds: float) -> floa
         cursor.execute(
             f"""
             INSERT INTO {READY} AS r (tenant_id, schema_name, run_id, branch, ready_at,
-                                      dispatched_at, deferred_since)
-            SELECT t.id, t.schema_name, %s, %s, now() + %s, NULL, now()
+                                      dispatched_at, deferred_since, traceparent)
+            SELECT t.id, t.schema_name, %s, %s, now() + %s, NULL, now(), ''
               FROM public.tenants_tenant t WHERE t.schema_name = %s
             ON CONFLICT (run_id, branch) DO UPDATE
                SET ready_at = EXCLUDED.ready_at, dispatched_at = NULL,
@@ -103,16 +106,19 @@ def dispatch_ready(*, budget: int | None = None) -> int:
                                        WHERE dispatched_at IS NOT NULL), 0)
             )
             UPDATE {READY} r SET dispatched_at = now() FROM picked WHERE r.id = picked.id
-            RETURNING r.schema_name, r.run_id, r.branch
+            RETURNING r.schema_name, r.run_id, r.branch, r.traceparent
             """,
             [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
         )
         picked = cursor.fetchall()
-        for schema, run_id, branch in picked:  # each rings once the pick commits
+        # each rings once the pick commits, in the trace of whoever made it runnable
+        for schema, run_id, branch, traceparent in picked:
             if branch < 0:
-                doorbell_ring("runs.advance", [str(run_id)], schema=schema)
+                doorbell_ring("runs.advance", [str(run_id)], schema=schema,
+                              traceparent=traceparent)
             else:
-                doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema)
+                doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema,
+                              traceparent=traceparent)
     return len(picked)
 
 

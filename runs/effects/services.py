@@ -31,6 +31,8 @@ from opentelemetry import trace
 
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
+from agentplatform.metrics import effects as effects_counted
+from agentplatform.metrics import outbox_deliveries
 from agentplatform.redaction import secrets_redact
 from agentplatform.telemetry import span_start
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
@@ -66,20 +68,43 @@ def effect_perform(*, scope: Scope, name: str, connector: str, args: dict,
     """Run the effect once. Returns the recorded or new result; raises EffectError,
     EffectRefused, NeedsPerson or BudgetExceeded. `credential`: the label of the tenant's
     credential for the connector (part of what is recorded: a later attempt must use it too)."""
-    with span_start(tracer, f"effect {name}", attributes={
-            "run.id": str(scope.run_id), "effect": name, "connector": connector,
-            "scope": scope.key}) as span:
-        result = _effect_perform(scope=scope, name=name, connector=connector, args=args,
-                                 budget_check=budget_check, span=span, credential=credential)
-        usage = result.get("usage") if isinstance(result, dict) else None
-        if usage:
-            span.set_attribute("model.tokens", int(usage.get("total_tokens", 0)))
-            span.set_attribute("model.cost_usd", float(result.get("cost_usd", 0)))
-        return result
+    report = {"outcome": "done"}  # _effect_perform says "recorded" or "reconciled"
+    try:
+        with span_start(tracer, f"effect {name}", attributes={
+                "run.id": str(scope.run_id), "effect": name, "connector": connector,
+                "scope": scope.key}) as span:
+            result = _effect_perform(scope=scope, name=name, connector=connector, args=args,
+                                     budget_check=budget_check, span=span,
+                                     credential=credential, report=report)
+            usage = result.get("usage") if isinstance(result, dict) else None
+            if usage:
+                span.set_attribute("model.tokens", int(usage.get("total_tokens", 0)))
+                span.set_attribute("model.cost_usd", float(result.get("cost_usd", 0)))
+            return result
+    except Exception as exc:
+        report["outcome"] = next((outcome for kind, outcome in _EFFECT_OUTCOMES
+                                  if isinstance(exc, kind)), "error")
+        raise
+    finally:  # the connector's name is the platform's (a registered class), never a tenant's
+        effects_counted.add(1, {"connector": connector if _known(connector) else "other",
+                                "outcome": report["outcome"]})
+
+
+# the first that matches: EffectRefused is an EffectError
+_EFFECT_OUTCOMES = ((EffectRefused, "refused"), (EffectError, "failed"), (NeedsPerson, "unknown"),
+                    (BudgetExceeded, "budget"), (LeaseLost, "lease_lost"))
+
+
+def _known(connector: str) -> bool:
+    try:
+        connector_get(connector)
+    except Exception:
+        return False
+    return True
 
 
 def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budget_check,
-                    span, credential: str) -> Any:
+                    span, credential: str, report: dict) -> Any:
     receiver = connector_get(connector)
     schema = connection.schema_name
     # The default label leaves the digest as it always was; another one is part of it.
@@ -97,6 +122,7 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     span.set_attribute("effect.recorded", effect.status == Effect.Status.DONE)
     match effect.status:
         case Effect.Status.DONE:
+            report["outcome"] = "recorded"
             return effect.result
         case Effect.Status.UNKNOWN:
             raise NeedsPerson("effect_outcome", _unknown_request(effect))
@@ -113,6 +139,7 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
         # that failed before sending, ConnectorError.sent=False, is simply made again.)
         found = receiver.lookup(call)
         if isinstance(found, Found):
+            report["outcome"] = "reconciled"
             return _effect_done(effect, found.result, reconciled=True)
         if found is Lookup.UNKNOWN:
             Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
@@ -373,7 +400,13 @@ def outbox_deliver_next(*, owner: str) -> str | None:
     message, maybe_sent = _outbox_claim(owner=owner)
     if message is None:
         return None
-    return _outbox_attempt(message, maybe_sent=maybe_sent)
+    outcome = "error"
+    try:
+        outcome = _outbox_attempt(message, maybe_sent=maybe_sent)
+        return outcome
+    finally:
+        outbox_deliveries.add(1, {"connector": message.connector if _known(message.connector)
+                                  else "other", "outcome": outcome})
 
 
 def _outbox_claim(*, owner: str) -> tuple[OutboxMessage | None, bool]:

@@ -10,6 +10,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
+from agentplatform.metrics import run_finished_count
 from agentplatform.redaction import secrets_redact
 from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_defer
@@ -63,6 +64,7 @@ def run_end_cancelled(*, run: Run, epoch: int) -> Outcome:
         run_fence(run=run, epoch=epoch, status=Run.Status.CANCELLED, lease_owner="",
                   lease_expires_at=None, finished_at=timezone.now())
         event_record(run_id=run.id, kind="run_cancelled", steps_taken=run.steps_taken)
+        run_finished_count(status=Run.Status.CANCELLED)
         ready_clear(run_id=run.id)
         if run.parent_id:
             ports().parking["child_report"](run_id=run.id, status=Run.Status.CANCELLED, result=None,

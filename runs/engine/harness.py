@@ -12,6 +12,7 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from agentplatform.errors import ServiceError
+from agentplatform.metrics import run_finished_count, step_duration
 from agentplatform.redaction import secrets_redact
 from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
@@ -147,20 +148,28 @@ class Harness:
             ctx = StepContext(run=self.run, agent=self.agent, visit=position.visit,
                               attempt=attempt, logs=logs, writer=self.writer, item=self.item,
                               branch=self.branch, epoch=self.epoch)
+            started, ended = time.perf_counter(), "error"
             try:
-                with span_start(tracer, f"step {step.name}", attributes={
-                        "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
-                        "attempt": attempt}) as span:
-                    transition = step.fn(ctx, State(position.state, logs))
-                    if ctx.interrupt is not None:  # the step caught it and carried on
-                        raise ctx.interrupt
-                    if not isinstance(transition, Transition):
-                        raise StepError(
-                            f"step {step.name!r} returned {transition!r}, not a transition")
-                    span.set_attribute("transition", type(transition).__name__)
-                    self.notifications = ctx.notifications
-                    ctx.step_completed()
-                    return transition
+                try:
+                    with span_start(tracer, f"step {step.name}", attributes={
+                            "run.id": str(self.run.id), "step": step.name, "visit": position.visit,
+                            "attempt": attempt}) as span:
+                        transition = step.fn(ctx, State(position.state, logs))
+                        if ctx.interrupt is not None:  # the step caught it and carried on
+                            raise ctx.interrupt
+                        if not isinstance(transition, Transition):
+                            raise StepError(
+                                f"step {step.name!r} returned {transition!r}, not a transition")
+                        ended = type(transition).__name__
+                        span.set_attribute("transition", ended)
+                        self.notifications = ctx.notifications
+                        ctx.step_completed()
+                        return transition
+                except INTERRUPTS:
+                    ended = "interrupted"
+                    raise
+                finally:  # how it ended, never which step: a step's name may be a tenant's
+                    step_duration.record(time.perf_counter() - started, {"ended": ended})
             except (StepError, *INTERRUPTS):
                 raise  # DatabaseError among them: the watchdog retries the run, not the step
             except Exception as exc:  # a step's own failure: retry per policy
@@ -237,6 +246,7 @@ class Harness:
             )
             event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
                          result=result, steps_taken=run.steps_taken)
+            run_finished_count(status=status)
             ready_clear(run_id=run.id)
             if run.parent_id:  # a child run reports to the parent waiting on it
                 ports().parking["child_report"](run_id=run.id, status=status, result=result, error=error)

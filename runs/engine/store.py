@@ -15,6 +15,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
+from agentplatform.metrics import lease_takeovers
 from runs.effects.models import OutboxMessage
 
 from ..models import Branch, Checkpoint, LogEntry, Run
@@ -32,20 +33,26 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
     the worker) is parked for a person by `advance` instead of being claimed forever."""
     ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
     with connection.cursor() as cursor:
+        # `before`: the row as this statement found it, to tell a takeover (someone's expired
+        # lease) from a claim of a queued run, for the lease takeovers metric.
         cursor.execute(
             f"""
-            UPDATE {Run._meta.db_table}
-               SET status = 'running', lease_owner = %s, lease_epoch = lease_epoch + 1,
-                   lease_expires_at = now() + %s, started_at = coalesce(started_at, now()),
-                   claims_without_checkpoint = claims_without_checkpoint + 1,
+            UPDATE {Run._meta.db_table} r
+               SET status = 'running', lease_owner = %s, lease_epoch = r.lease_epoch + 1,
+                   lease_expires_at = now() + %s, started_at = coalesce(r.started_at, now()),
+                   claims_without_checkpoint = r.claims_without_checkpoint + 1,
                    updated_at = now()
-             WHERE id = %s AND status IN ('queued', 'running')
-               AND (lease_expires_at IS NULL OR lease_expires_at < now())
-         RETURNING lease_epoch
+              FROM (SELECT status AS was, lease_owner AS held_by FROM {Run._meta.db_table}
+                     WHERE id = %s) before
+             WHERE r.id = %s AND r.status IN ('queued', 'running')
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
+         RETURNING r.lease_epoch, before.was = 'running' AND before.held_by <> ''
             """,
-            [owner, ttl, run_id],
+            [owner, ttl, run_id, run_id],
         )
         row = cursor.fetchone()
+    if row and row[1]:
+        lease_takeovers.add(1, {"of": "run"})
     return row[0] if row else None
 
 
@@ -176,17 +183,20 @@ def branch_claim(*, run_id: UUID, index: int, owner: str) -> Branch | None:
             UPDATE {Branch._meta.db_table} b
                SET status = 'running', lease_owner = %s, lease_epoch = b.lease_epoch + 1,
                    lease_expires_at = now() + %s, attempts = b.attempts + 1
-             WHERE b.id = (SELECT id FROM {Branch._meta.db_table}
-                            WHERE run_id = %s AND index = %s
-                              AND status IN ('pending', 'running')
-                            ORDER BY visit DESC LIMIT 1)
+              FROM (SELECT id, status AS was FROM {Branch._meta.db_table}
+                     WHERE run_id = %s AND index = %s
+                       AND status IN ('pending', 'running')
+                     ORDER BY visit DESC LIMIT 1) pick
+             WHERE b.id = pick.id
                AND (b.status = 'pending'
                     OR (b.status = 'running' AND b.lease_expires_at < now()))
-         RETURNING b.id
+         RETURNING b.id, pick.was = 'running'
             """,
             [owner, timedelta(seconds=settings.RUN_LEASE_SECONDS), run_id, index],
         )
         row = cursor.fetchone()
+    if row and row[1]:
+        lease_takeovers.add(1, {"of": "branch"})
     return Branch.objects.get(id=row[0]) if row else None
 
 

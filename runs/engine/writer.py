@@ -1,5 +1,6 @@
 """Where a run is (`Position`), and the durability-mode writer that makes positions checkpoints."""
 
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -7,6 +8,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from opentelemetry import context as trace_context
+
+from agentplatform.metrics import checkpoint_write_duration
 
 from ..models import LogEntry, Run
 from .outcome import CheckpointWriteFailed, LeaseLost, StepError
@@ -68,7 +72,10 @@ class CheckpointWriter:
             while len(self._in_flight) >= settings.RUN_ASYNC_MAX_PENDING_WRITES:
                 self._settle(self._in_flight.popleft())  # bounded: memory and loss on a crash
             previous = self._future
-            self._future = self._executor.submit(self._commit_after, previous, position)
+            # The trace goes along (only it: copying every context variable would hand the
+            # writer thread this thread's database connection), so its statements are the step's.
+            self._future = self._executor.submit(self._commit_after, previous, position,
+                                                 trace_context.get_current())
             self._in_flight.append(self._future)
         else:
             if self._held is not None:
@@ -133,14 +140,21 @@ class CheckpointWriter:
             self._failed = exc
             raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
 
-    def _commit_after(self, previous: Future | None, position: Position) -> None:
-        if previous is not None:
-            previous.result()
-        self._commit(position)
+    def _commit_after(self, previous: Future | None, position: Position,
+                      traced: trace_context.Context) -> None:
+        token = trace_context.attach(traced)
+        try:
+            if previous is not None:
+                previous.result()
+            self._commit(position)
+        finally:
+            trace_context.detach(token)
 
     def _commit(self, position: Position, **run_fields) -> None:
+        started = time.perf_counter()
         self.cancel_requested |= checkpoint_commit(
             run=self.run, epoch=self.epoch, position=position, **run_fields
         )
+        checkpoint_write_duration.record(time.perf_counter() - started, {"durability": self.mode})
         position.pending_entries, position.pending_outbox = [], []
 
