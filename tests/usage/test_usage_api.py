@@ -66,12 +66,12 @@ def test_runs_read_is_enough_and_needed(acme):
 
 
 def test_usage_summary_and_month_for_the_console(acme, globex, quotas):
-    quotas(acme, runs_per_day=50, tokens_per_month=10_000)
+    quotas(acme, runs_per_day=10_000_000, tokens_per_month=10_000_000)  # the run below must start
     summary = {use.name: use for use in usage_summary(tenant=acme)}
     assert set(summary) == {"concurrent_runs", "runs_per_day", "tokens_per_month",
                             "cost_usd_per_month", "hot_bytes", "sandbox_cpu_seconds_per_day",
                             "api_requests_per_minute"}
-    assert summary["runs_per_day"].limit == 50 and summary["tokens_per_month"].limit == 10_000
+    assert summary["runs_per_day"].limit == 10_000_000 and summary["tokens_per_month"].limit == 10_000_000
     assert summary["runs_per_day"].resets_at is not None and summary["hot_bytes"].used > 0
     assert {use.name: use.limit for use in usage_summary(tenant=globex)}["runs_per_day"] is None
     before = usage_month(tenant=acme)
