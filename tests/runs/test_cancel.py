@@ -60,6 +60,9 @@ def test_cancelling_a_parent_cancels_its_children_and_theirs(acme, acme_api, wor
         assert not ReadyRun.objects.filter(run_id__in=tree).exists()
 
 
+# Exclusive: it needs the worker's two slots and a branch held for seconds, and under two
+# shards on two CPUs branch 1 was twice not seen finishing within 30 s (not understood yet).
+@pytest.mark.exclusive
 def test_a_late_branch_report_does_not_wake_a_run_parked_on_something_else(in_acme, worker,
                                                                           tmp_path):
     marker = tmp_path / "hold-branch-1"
