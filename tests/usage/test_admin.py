@@ -7,6 +7,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from runs.usage.models import Plan, TenantQuota
+from tenants.models import Tenant
 
 
 def _staff(**kwargs) -> Client:
@@ -43,3 +44,23 @@ def test_staff_without_the_permission_cannot_change_quotas(acme, quotas):
     client.post(f"/admin/usage/tenantquota/{row.pk}/change/", {"runs_per_day": "999999"})
     assert TenantQuota.objects.get(pk=row.pk).runs_per_day == 5
     assert client.get("/admin/usage/plan/").status_code == 403
+
+
+def test_staff_cannot_change_the_quotas_of_a_superusers_only_tenant(globex, quotas):
+    """As the tenants' console: a superusers_only tenant is read-only for other staff, so they
+    cannot raise its quotas, nor give it a quota row of their own making."""
+    client, user = _staff()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=(
+        "view_tenantquota", "change_tenantquota", "add_tenantquota")))
+    row = quotas(globex, runs_per_day=5)
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=True)
+    try:
+        client.post(f"/admin/usage/tenantquota/{row.pk}/change/", {"runs_per_day": "999999"})
+        assert TenantQuota.objects.get(pk=row.pk).runs_per_day == 5
+        TenantQuota.objects.filter(pk=row.pk).delete()
+        made = client.post("/admin/usage/tenantquota/add/", {"tenant": globex.pk,
+                                                             "runs_per_day": "999999"})
+        assert made.status_code == 200  # the form again: globex is not a choice
+        assert not TenantQuota.objects.filter(tenant=globex).exists()
+    finally:
+        Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
