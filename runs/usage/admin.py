@@ -2,7 +2,8 @@
 permission), and the metered days (read-only: they are recomputed from the tenants' rows).
 
 A tenant marked superusers_only is read-only for other staff here too (as in tenants.admin): its
-quota row is shown, not changed, and no new row can be made for it."""
+quota row is shown, not changed, and no new row can be made for it; its metered days are not
+shown."""
 
 from django.contrib import admin
 
@@ -51,6 +52,13 @@ class UsageDayAdmin(admin.ModelAdmin):
     search_fields = ("tenant__schema_name",)
     date_hierarchy = "day"
     ordering = ("-day", "tenant")
+
+    def get_queryset(self, request):
+        # a superusers_only tenant's days: superusers only (its usage is a look into its work)
+        rows = super().get_queryset(request)
+        if request.user.is_superuser:
+            return rows
+        return rows.filter(tenant__in=tenants_visible_to(user=request.user))
 
     def has_add_permission(self, request):
         return False

@@ -5,8 +5,10 @@ import uuid
 
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+from django.utils import timezone
 
 from runs.usage.models import Plan, TenantQuota
+from runs.usage.services import usage_day_refresh
 from tenants.models import Tenant
 
 
@@ -62,5 +64,28 @@ def test_staff_cannot_change_the_quotas_of_a_superusers_only_tenant(globex, quot
                                                              "runs_per_day": "999999"})
         assert made.status_code == 200  # the form again: globex is not a choice
         assert not TenantQuota.objects.filter(tenant=globex).exists()
+    finally:
+        Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
+
+
+def test_staff_do_not_see_a_superusers_only_tenants_usage_in_the_console(globex):
+    """Listed, as the tenant's own page shows it: without its usage (nor its metered days)."""
+    usage_day_refresh(tenant=globex, day=timezone.now().date())
+    staff, user = _staff()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=("view_tenant",
+                                                                       "view_usageday")))
+    founder, _ = _staff(is_superuser=True)
+    marker = "api_requests_per_minute:"  # one per tenant whose usage a row shows
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=True)
+    try:
+        everyone = founder.get("/admin/tenants/tenant/").content.decode().count(marker)
+        page = staff.get("/admin/tenants/tenant/")
+        assert page.status_code == 200 and "globex" in page.content.decode()  # still listed
+        assert page.content.decode().count(marker) == everyone - 1
+        days = staff.get("/admin/usage/usageday/")
+        assert days.status_code == 200
+        assert days.context["cl"].queryset.filter(tenant=globex).count() == 0
+        assert founder.get("/admin/usage/usageday/").context["cl"].queryset \
+            .filter(tenant=globex).count() > 0
     finally:
         Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
