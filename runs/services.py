@@ -86,8 +86,6 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         state = state_merge({}, input)
     except StateTooLarge as exc:
         raise RunError("state_too_large", str(exc)) from None
-    if parent_id is None:
-        quota_check_start(now=now)
     limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds,
               "max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
     for key, default in (definition.limits or {}).items():  # the agent's, where the caller set none
@@ -95,6 +93,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             limits[key] = default
     try:
         with transaction.atomic():
+            if parent_id is None:  # under the tenant's start lock until this commits
+                quota_check_start(now=now)
             run = Run.objects.create(
                 agent=definition.name, agent_version=definition.version,
                 topology_hash=definition.topology_hash, durability=durability, input=input,
@@ -226,7 +226,8 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
     child run; at a fan-out join it gets the branch results. It never inherits a decision.
 
     A reused idempotency key returns the fork it made (a fork's effects are new: a second one
-    would perform them again), if it was of the same run and visit.
+    would perform them again), if it was of the same run and visit. A fork is a new run: a
+    tenant over a start quota makes none (quota_exceeded).
     """
     if idempotency_key:
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()
@@ -271,6 +272,7 @@ def _fork(*, run_id: UUID, visit: int, durability: str | None, enqueue: bool, by
     branches = list(Branch.objects.filter(run_id=run_id, visit=checkpoint.visit).order_by("index"))
     reopens = waiting.get("kind") in ("approval", "event", "timer", "child_run") or bool(branches)
     with transaction.atomic():
+        quota_check_start()  # a fork is a new run of the tenant's: admitted as a start is
         fork = Run.objects.create(
             agent=source.agent, agent_version=source.agent_version,
             topology_hash=source.topology_hash, durability=durability or source.durability,

@@ -3,8 +3,9 @@ month against quotas and last activity; suspend/reactivate (change permission on
 by runs.console.services); a tenant's page with its runs by status, its stuck runs, its archive
 state; the read-only log of staff looking into tenants' runs.
 
-A tenant marked superusers_only is read-only for other staff: listed, but not changed (status,
-max_in_flight, the actions), its API keys not shown, its entries of the access log not shown."""
+A tenant marked superusers_only is read-only for other staff: listed (without its usage and last
+activity), but not changed (status, max_in_flight, the actions), its API keys not shown, its
+entries of the access log not shown."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
@@ -81,6 +82,15 @@ class TenantAdmin(admin.ModelAdmin):
     def last_activity(self, obj):
         return console.tenant_last_activity(tenant=obj) or "—"
 
+    def get_list_display(self, request):
+        """Staff who are not superusers see a superusers_only tenant listed, as the tenant's page
+        shows it: without its usage and activity (a look into what it does)."""
+        if request.user.is_superuser:
+            return self.list_display
+        return tuple(_hidden_when_restricted(getattr(self, name))
+                     if name in ("usage_this_month", "last_activity") else name
+                     for name in self.list_display)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         """The tenant's page: its form, and below it its runs by status, stuck runs, archive
         state and usage (not for staff a superusers_only tenant is hidden from). The runs it
@@ -147,6 +157,15 @@ class TenantAdmin(admin.ModelAdmin):
                 continue
             reactivated += 1
         messages.success(request, f"Reactivated {reactivated} tenant(s).")
+
+
+def _hidden_when_restricted(column):
+    """The list column, "—" for a superusers_only tenant (the list shows it to other staff)."""
+    def shown(obj):
+        return "—" if obj.superusers_only else column(obj)
+    shown.__name__ = column.__name__  # the column keeps its name, header and CSS class
+    shown.short_description = column.short_description
+    return shown
 
 
 def _amount(value: float) -> str:

@@ -23,13 +23,30 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 log = logging.getLogger(__name__)
 
 
-def scrape_allowed(*, authorization: str, address: str) -> bool:
-    """The bearer token, if one is set and sent; else the client's address."""
+def scrape_allowed(*, authorization: str, address: str, meta=None) -> bool:
+    """The bearer token, if one is set and sent; else the client's address, and every address
+    the request says it was relayed for (`meta`: the WSGI environ or request.META).
+
+    A reverse proxy in an allowed network relays outsiders' requests from its own address: the
+    address it appends to X-Forwarded-For (or X-Real-IP) must be allowed too. A client can only
+    add such entries, never remove the proxy's, so spoofing one gets it refused, not let in;
+    a `Forwarded` header (RFC 7239) is not parsed: such a request needs the token."""
     token = settings.METRICS_TOKEN
     scheme, _, sent = (authorization or "").partition(" ")
     if token and scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(),
                                                                      token.encode()):
         return True
+    meta = meta or {}
+    if meta.get("HTTP_FORWARDED"):
+        return False
+    relayed = [part.strip() for part in meta.get("HTTP_X_FORWARDED_FOR", "").split(",")
+               if part.strip()]
+    if meta.get("HTTP_X_REAL_IP", "").strip():
+        relayed.append(meta["HTTP_X_REAL_IP"].strip())
+    return all(_allowed_address(one) for one in (address, *relayed))
+
+
+def _allowed_address(address: str) -> bool:
     try:
         client = ipaddress.ip_address(address)
     except ValueError:
@@ -44,7 +61,7 @@ def metrics_view(request):
     if not settings.METRICS_PROMETHEUS:
         raise Http404("metrics are off")
     if not scrape_allowed(authorization=request.headers.get("Authorization", ""),
-                          address=request.META.get("REMOTE_ADDR", "")):
+                          address=request.META.get("REMOTE_ADDR", ""), meta=request.META):
         return HttpResponse("Send METRICS_TOKEN as a bearer token.\n", status=401,
                             content_type="text/plain", headers={"WWW-Authenticate": "Bearer"})
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
@@ -53,7 +70,7 @@ def metrics_view(request):
 def metrics_app(environ, start_response):
     """The worker's endpoint: the same text and the same rule as `/metrics`."""
     if not scrape_allowed(authorization=environ.get("HTTP_AUTHORIZATION", ""),
-                          address=environ.get("REMOTE_ADDR", "")):
+                          address=environ.get("REMOTE_ADDR", ""), meta=environ):
         start_response("401 Unauthorized", [("Content-Type", "text/plain"),
                                             ("WWW-Authenticate", "Bearer")])
         return [b"Send METRICS_TOKEN as a bearer token.\n"]

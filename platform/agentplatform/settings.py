@@ -403,6 +403,9 @@ EVENT_DEDUPE_RETENTION_SECONDS = env.float("EVENT_DEDUPE_RETENTION_SECONDS",
 # Tracing and OTLP export follow OTEL_EXPORTER_OTLP_ENDPOINT (read by the SDK itself). Spans as
 # JSON lines, a file per process in this directory: for development and tests, not production.
 TELEMETRY_SPANS_DIR = env("TELEMETRY_SPANS_DIR", default="")
+# A request's own traceparent/tracestate/baggage headers are dropped (anyone can send them): on,
+# they are kept and the request's trace continues the caller's (only behind your own services).
+TELEMETRY_TRUST_INCOMING_TRACE = env.bool("TELEMETRY_TRUST_INCOMING_TRACE", default=False)
 # Off unless asked: `/metrics` (Prometheus text) in web processes, and a port per Celery worker
 # process (METRICS_WORKER_PORT + pool index; 0: none), bound to METRICS_WORKER_ADDR.
 METRICS_PROMETHEUS = env.bool("METRICS_PROMETHEUS", default=False)

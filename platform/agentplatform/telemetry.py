@@ -87,6 +87,36 @@ def trace_attached(traceparent: str | None) -> Iterator[None]:
         context.detach(token)
 
 
+# A request's own W3C trace headers: anyone may send them, so by default they are dropped before
+# Django's instrumentation reads them. Kept, a caller picks the trace its request joins (another
+# tenant's, if it learnt the id), and its sampled flag (off: its work is never traced; on: every
+# request of it is, past the operator's sampling ratio). TELEMETRY_TRUST_INCOMING_TRACE keeps
+# them, for a deployment whose only callers are its own traced services.
+INCOMING_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+_INCOMING_WSGI = tuple(f"HTTP_{name.upper()}" for name in INCOMING_TRACE_HEADERS)
+_INCOMING_ASGI = tuple(name.encode() for name in INCOMING_TRACE_HEADERS)
+
+
+def incoming_trace_dropped_wsgi(app):
+    """The WSGI application, without the request's trace headers (unless trusted)."""
+    def application(environ, start_response):
+        if not settings.TELEMETRY_TRUST_INCOMING_TRACE:
+            for key in _INCOMING_WSGI:
+                environ.pop(key, None)
+        return app(environ, start_response)
+    return application
+
+
+def incoming_trace_dropped_asgi(app):
+    """The ASGI application, without the request's trace headers (unless trusted)."""
+    async def application(scope, receive, send):
+        if scope.get("type") in ("http", "websocket") and not settings.TELEMETRY_TRUST_INCOMING_TRACE:
+            scope = {**scope, "headers": [(name, value) for name, value in scope.get("headers", [])
+                                          if name.lower() not in _INCOMING_ASGI]}
+        return await app(scope, receive, send)
+    return application
+
+
 # -- export ------------------------------------------------------------------------------------
 
 class SpanRedactor(SpanProcessor):

@@ -162,12 +162,20 @@ START_QUOTAS = ("concurrent_runs", "runs_per_day", "tokens_per_month", "cost_usd
 
 def quota_check_start(*, tenant: Tenant | None = None, now: datetime | None = None) -> None:
     """Raise QuotaExceeded if the tenant may not start another run now. Only the quotas with a
-    limit are measured (a tenant without limits pays nothing for this)."""
+    limit are measured (a tenant without limits pays nothing for this).
+
+    Called in the transaction that creates the run, it holds the tenant's start lock until that
+    transaction ends: starts racing at the limit are counted one after the other (each sees the
+    runs the ones before it committed), so none slips past concurrent_runs or runs_per_day."""
     tenant = tenant or _current_tenant()
     if tenant is None:
         return
     limits = quota_limits(tenant=tenant)
     names = tuple(name for name in START_QUOTAS if limits[name] is not None)
+    if names and connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           [f"quota-start\x1f{tenant.schema_name}"])
     for use in quota_uses(tenant=tenant, now=now, names=names):
         if use.exceeded:
             raise QuotaExceeded(use, now=now)

@@ -67,11 +67,12 @@ def usage_days(*, tenant: Tenant, since: date, until: date) -> list[UsagePeriod]
     """Every day from `since` to `until` (inclusive), a day without a row counting zero."""
     rows = {row.day: row for row in UsageDay.objects.filter(tenant_id=tenant.pk, day__gte=since,
                                                             day__lte=until)}
-    days, day = [], since
-    while day <= until:
+    days = []
+    # counted, not stepped past `until`: the day after 9999-12-31 does not exist (a 500)
+    for offset in range((until - since).days + 1):
+        day = since + timedelta(days=offset)
         numbers = _numbers_of(rows[day]) if day in rows else _empty()
         days.append(UsagePeriod(day.isoformat(), day, numbers))
-        day += timedelta(days=1)
     return days
 
 

@@ -5,8 +5,11 @@ import uuid
 
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+from django.utils import timezone
 
 from runs.usage.models import Plan, TenantQuota
+from runs.usage.services import usage_day_refresh
+from tenants.models import Tenant
 
 
 def _staff(**kwargs) -> Client:
@@ -43,3 +46,46 @@ def test_staff_without_the_permission_cannot_change_quotas(acme, quotas):
     client.post(f"/admin/usage/tenantquota/{row.pk}/change/", {"runs_per_day": "999999"})
     assert TenantQuota.objects.get(pk=row.pk).runs_per_day == 5
     assert client.get("/admin/usage/plan/").status_code == 403
+
+
+def test_staff_cannot_change_the_quotas_of_a_superusers_only_tenant(globex, quotas):
+    """As the tenants' console: a superusers_only tenant is read-only for other staff, so they
+    cannot raise its quotas, nor give it a quota row of their own making."""
+    client, user = _staff()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=(
+        "view_tenantquota", "change_tenantquota", "add_tenantquota")))
+    row = quotas(globex, runs_per_day=5)
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=True)
+    try:
+        client.post(f"/admin/usage/tenantquota/{row.pk}/change/", {"runs_per_day": "999999"})
+        assert TenantQuota.objects.get(pk=row.pk).runs_per_day == 5
+        TenantQuota.objects.filter(pk=row.pk).delete()
+        made = client.post("/admin/usage/tenantquota/add/", {"tenant": globex.pk,
+                                                             "runs_per_day": "999999"})
+        assert made.status_code == 200  # the form again: globex is not a choice
+        assert not TenantQuota.objects.filter(tenant=globex).exists()
+    finally:
+        Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
+
+
+def test_staff_do_not_see_a_superusers_only_tenants_usage_in_the_console(globex):
+    """Listed, as the tenant's own page shows it: without its usage (nor its metered days)."""
+    usage_day_refresh(tenant=globex, day=timezone.now().date())
+    staff, user = _staff()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=("view_tenant",
+                                                                       "view_usageday")))
+    founder, _ = _staff(is_superuser=True)
+    marker = "api_requests_per_minute:"  # one per tenant whose usage a row shows
+    Tenant.objects.filter(pk=globex.pk).update(superusers_only=True)
+    try:
+        everyone = founder.get("/admin/tenants/tenant/").content.decode().count(marker)
+        page = staff.get("/admin/tenants/tenant/")
+        assert page.status_code == 200 and "globex" in page.content.decode()  # still listed
+        assert page.content.decode().count(marker) == everyone - 1
+        days = staff.get("/admin/usage/usageday/")
+        assert days.status_code == 200
+        assert days.context["cl"].queryset.filter(tenant=globex).count() == 0
+        assert founder.get("/admin/usage/usageday/").context["cl"].queryset \
+            .filter(tenant=globex).count() > 0
+    finally:
+        Tenant.objects.filter(pk=globex.pk).update(superusers_only=False)
