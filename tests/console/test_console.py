@@ -341,6 +341,38 @@ def test_a_heartbeat_row_is_one_upsert_of_a_few_milliseconds_per_beat():
     assert row.beat_at >= timezone.now() - timedelta(seconds=5) and row.started_at <= row.beat_at
 
 
+def test_a_locked_heartbeat_table_holds_the_lease_thread_up_for_a_second_at_most():
+    """The row is written on the lease thread, after the extensions: a heartbeat table locked
+    by someone else (a migration, a long prune) gives up the row, never the next extension."""
+    import threading
+
+    from django.db import OperationalError, connection, transaction
+    locked, done = threading.Event(), threading.Event()
+
+    def lock_the_table():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {WorkerHeartbeat._meta.db_table} "
+                               "IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                done.wait(timeout=6)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=lock_the_table)
+    holder.start()
+    try:
+        assert locked.wait(timeout=10)
+        began = time.perf_counter()
+        with pytest.raises(OperationalError):  # lock_timeout: the row is given up this beat
+            leases.worker_beat()
+        assert time.perf_counter() - began < 3
+    finally:
+        done.set()
+        holder.join(timeout=10)
+    leases.worker_beat()  # the next beat writes it again
+
+
 
 
 def test_a_worker_is_alive_on_the_fleet_page_from_its_start_and_gone_once_stopped(acme,
