@@ -86,8 +86,6 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         state = state_merge({}, input)
     except StateTooLarge as exc:
         raise RunError("state_too_large", str(exc)) from None
-    if parent_id is None:
-        quota_check_start(now=now)
     limits = {"max_steps": max_steps, "max_wall_seconds": max_wall_seconds,
               "max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
     for key, default in (definition.limits or {}).items():  # the agent's, where the caller set none
@@ -95,6 +93,8 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             limits[key] = default
     try:
         with transaction.atomic():
+            if parent_id is None:  # in the transaction that counts the run: see the lock there
+                quota_check_start(now=now)
             run = Run.objects.create(
                 agent=definition.name, agent_version=definition.version,
                 topology_hash=definition.topology_hash, durability=durability, input=input,
