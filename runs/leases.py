@@ -16,7 +16,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from runs.dispatch.models import WorkerHeartbeat
 
@@ -25,6 +25,7 @@ HEARTBEATS = f"public.{WorkerHeartbeat._meta.db_table}"
 # Rows of processes gone for this long are deleted (by any live worker, now and then).
 HEARTBEAT_FORGET = timedelta(days=1)
 HEARTBEAT_PRUNE_EVERY = 360  # beats
+HEARTBEAT_ROW_TIMEOUT_MS = "1000"  # at most this long on the row per beat, then given up
 
 
 def worker_id() -> str:
@@ -78,6 +79,7 @@ class LeaseKeeper:
                 self.worker_beat()
             except Exception:  # only the console reads it: the leases above are what matter
                 log.debug("worker heartbeat row not written", exc_info=True)
+                connection.close()  # so a connection it broke does not fail the next extension
 
     def extend_all(self) -> None:
         ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
@@ -95,8 +97,13 @@ class LeaseKeeper:
                     self.release(schema=schema, table=table, row_id=row_id)
 
     def worker_beat(self) -> None:
-        """Say this process is alive, and how many leases it holds (public schema)."""
-        with connection.cursor() as cursor:
+        """Say this process is alive, and how many leases it holds (public schema). It runs on
+        the lease thread, so it is held to HEARTBEAT_ROW_TIMEOUT_MS: a locked or slow heartbeat
+        table must not hold up the next lease extension."""
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true), "
+                           "set_config('lock_timeout', %s, true)",
+                           [HEARTBEAT_ROW_TIMEOUT_MS, HEARTBEAT_ROW_TIMEOUT_MS])
             cursor.execute(
                 f"INSERT INTO {HEARTBEATS} (worker, started_at, beat_at, leases_held) "
                 "VALUES (%s, now(), now(), %s) ON CONFLICT (worker) DO UPDATE "

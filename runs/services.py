@@ -93,7 +93,7 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             limits[key] = default
     try:
         with transaction.atomic():
-            if parent_id is None:  # under the tenant's start lock until this commits
+            if parent_id is None:  # in the transaction that counts the run: see the lock there
                 quota_check_start(now=now)
             run = Run.objects.create(
                 agent=definition.name, agent_version=definition.version,
@@ -183,14 +183,19 @@ def _unfinished_descendants(run_id: UUID) -> list[UUID]:
 
 def _cancel_locked(run: Run, *, by: str = "") -> None:
     who = {"by": by} if by else {}
-    if run.status == Run.Status.RUNNING:  # its worker ends it at the next step boundary
+    now = timezone.now()
+    if run.status == Run.Status.RUNNING and (run.lease_expires_at is None
+                                             or run.lease_expires_at > now):
+        # its worker ends it at the next step boundary
         Run.objects.filter(id=run.id).update(cancel_requested=True)
         event_record(run_id=run.id, kind="cancel_requested", **who)
         return
-    now = timezone.now()
+    # Not running, or running on a lease that expired: no live worker would see the request
+    # (the lease of a stuck run is not taken over), so it ends now, its last holder fenced off.
     Run.objects.filter(id=run.id).update(
         status=Run.Status.CANCELLED, cancel_requested=True, finished_at=now,
         lease_owner="", lease_expires_at=None, waiting_reason="",
+        **({"lease_epoch": F("lease_epoch") + 1} if run.status == Run.Status.RUNNING else {}),
     )
     Branch.objects.filter(run=run, status=Branch.Status.PENDING).update(
         status=Branch.Status.FAILED, error="run cancelled", finished_at=now)

@@ -166,30 +166,39 @@ API_REQUESTS_KEEP_SECONDS = 3 * 86400  # the usage task copies them well before 
 
 
 def api_requests_key(schema: str, day) -> str:
-    return f"usage-api-requests:{schema}:{day.isoformat()}"
+    # a hash {"n": count, "life": id of the Redis life that counted it}; not the plain counter
+    # the key "usage-api-requests:..." held before, so the two are never read as one
+    return f"usage-api-request-count:{schema}:{day.isoformat()}"
 
 
 def api_request_count(*, schema: str, now: datetime | None = None) -> None:
-    """Count one authenticated API request for the tenant's UTC day (one INCR; Redis out of
-    reach loses the count, never the request)."""
+    """Count one authenticated API request for the tenant's UTC day (one MULTI; Redis out of
+    reach loses the count, never the request). The hash's `life` is set by its first count: a
+    Redis that restarted empty starts a new life, so the usage task adds the new count to what
+    it had copied instead of waiting for the new count to pass the old one."""
     day = (now or datetime.now(UTC)).date()
     full_key = cache.make_key(api_requests_key(schema, day))
     try:
         client = cache._cache.get_client(full_key, write=True)
-        pipe = client.pipeline(transaction=False)
-        pipe.incr(full_key)
+        pipe = client.pipeline(transaction=True)
+        pipe.hsetnx(full_key, "life", uuid.uuid4().hex)
+        pipe.hincrby(full_key, "n", 1)
         pipe.expire(full_key, API_REQUESTS_KEEP_SECONDS)
         pipe.execute()
     except RedisError as exc:
         log.warning("api request count for %s lost: cache unavailable: %s", schema, exc)
 
 
-def api_requests_read(*, schema: str, day) -> int | None:
-    """The day's count so far, or None if Redis is out of reach."""
+def api_requests_read(*, schema: str, day) -> tuple[str, int] | None:
+    """(life, the day's count so far in it): ("", 0) if none counted; None if Redis is out of
+    reach."""
+    full_key = cache.make_key(api_requests_key(schema, day))
     try:
-        return int(cache.get(api_requests_key(schema, day)) or 0)
+        client = cache._cache.get_client(full_key, write=False)
+        life, count = client.hmget(full_key, ["life", "n"])
     except RedisError:
         return None
+    return (life.decode() if isinstance(life, bytes) else life or ""), int(count or 0)
 
 
 # -- the admin login ---------------------------------------------------------------------------

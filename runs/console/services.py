@@ -74,19 +74,33 @@ def stuck_runs_act(*, user, tenant: Tenant, action: str, run_ids: list[UUID],
     with tenant_context(tenant):
         still = {s.run_id: s for s in stuck_runs_here(run_ids=run_ids)}
         for run_id in run_ids:
-            stuck = still.get(run_id)
-            if stuck is None:
-                report.refused.append((run_id, "not stuck any more (or no such run): left as is"))
-                continue
             try:
-                detail = _run_act(action, run_id, by)
+                stuck, detail = _run_act_if_stuck(action, run_id, by) if run_id in still \
+                    else (None, {})
             except (RunError, ConsoleError) as exc:
                 report.refused.append((run_id, exc.message))
+                continue
+            if stuck is None:
+                report.refused.append((run_id, "not stuck any more (or no such run): left as is"))
                 continue
             audit_record(tenant=tenant, actor=by, action=DONE[action], target=f"run:{run_id}",
                          via="console", stuck=stuck.kind, **detail)
             report.done.append(run_id)
     return report
+
+
+def _run_act_if_stuck(action: str, run_id: UUID, by: str):
+    """(how it was stuck, what was done) if the run is still stuck under its row's lock, else
+    (None, {}): a worker that took the run over since the page was read (or the first of two
+    submissions of one confirmation) holds it, and the run is left to it."""
+    with transaction.atomic():
+        if action != "cancel":  # a cancel locks its run's tree itself, children first (0008),
+            # and decides under those locks whether a live worker holds the run
+            Run.objects.select_for_update().filter(id=run_id).first()
+        [stuck] = stuck_runs_here(run_ids=[run_id]) or [None]
+        if stuck is None:
+            return None, {}
+        return stuck, _run_act(action, run_id, by)
 
 
 def _run_act(action: str, run_id: UUID, by: str) -> dict:

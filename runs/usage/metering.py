@@ -71,6 +71,25 @@ def model_use(*, since: datetime, until: datetime) -> ModelUse:
     return use
 
 
+_MODEL_USE_BY_DAY = f"""
+SELECT (done_at AT TIME ZONE 'UTC')::date,
+       coalesce(sum((result->'usage'->>'prompt_tokens')::bigint), 0)
+         + coalesce(sum((result->'usage'->>'completion_tokens')::bigint), 0),
+       coalesce(sum((result->>'cost_usd')::numeric), 0)
+  FROM {Effect._meta.db_table}
+ WHERE connector = 'model' AND status = 'done' AND done_at >= %s AND done_at < %s
+   AND jsonb_typeof(result->'usage') = 'object'
+ GROUP BY 1
+"""
+
+
+def model_use_by_day(*, since: datetime, until: datetime) -> dict[date, tuple[int, Decimal]]:
+    """{UTC day: (tokens, cost)} of the model calls recorded done in [since, until)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MODEL_USE_BY_DAY, [since, until])
+        return {day: (int(tokens), Decimal(cost)) for day, tokens, cost in cursor.fetchall()}
+
+
 def runs_started(*, since: datetime, until: datetime) -> int:
     """Runs created in the window (forks and child runs too: each is a run)."""
     return Run.objects.filter(created_at__gte=since, created_at__lt=until).count()

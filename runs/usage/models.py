@@ -94,6 +94,9 @@ class UsageDay(models.Model):
     hot_bytes = models.PositiveBigIntegerField(default=0)  # as last measured that day
     archive_bytes = models.PositiveBigIntegerField(default=0)  # all archived objects, that day
     api_requests = models.PositiveBigIntegerField(default=0)
+    # the Redis life whose count was last copied, and that count (runs.usage.services)
+    api_requests_life = models.CharField(max_length=32, blank=True, default="")
+    api_requests_seen = models.PositiveBigIntegerField(default=0)
     computed_at = models.DateTimeField()
 
     class Meta:

@@ -8,11 +8,10 @@ UsageDay rows, so a check never waits for the beat task. Everything takes `now`:
 time by passing it."""
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import Sum
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
@@ -103,30 +102,52 @@ def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
 
 
 def _day_start(now: datetime) -> datetime:
-    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def _closed_days(tenant: Tenant, since: datetime, today_start: datetime) -> dict:
-    """Sums of the UsageDay rows from `since` to yesterday (closed days: their rows are final)."""
-    return UsageDay.objects.filter(tenant_id=tenant.pk, day__gte=since.date(),
-                                   day__lt=today_start.date()).aggregate(
-        tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost_usd"))
+# A closed day's UsageDay row is final once computed this long after the day ended: a model
+# call's transaction open at midnight commits a moment later, with its done_at before it.
+FINAL_AFTER = timedelta(minutes=5)
 
 
 def month_model_use(*, tenant: Tenant, now: datetime) -> tuple[int, Decimal]:
-    """(tokens, cost) of the tenant's model calls this calendar month, up to now."""
-    today = _day_start(now)
-    closed = _closed_days(tenant, metering.month_start(now), today)
+    """(tokens, cost) of the tenant's model calls this calendar month, up to now.
+
+    A closed day counts its UsageDay row if that row was computed after the day ended (final);
+    any other day (today, yesterday before the beat task recounted it, a day the task missed)
+    is read live from the effects, or its row where that says more (retention pruned them)."""
+    now = now.astimezone(UTC)
+    month, today = metering.month_start(now), _day_start(now)
+    rows = {row["day"]: row for row in UsageDay.objects.filter(
+        tenant_id=tenant.pk, day__gte=month.date(), day__lte=today.date()).values(
+        "day", "tokens_in", "tokens_out", "cost_usd", "computed_at")}
+    live_from = month
+    while live_from < today:  # the final days from the month's start: no need to read them
+        row = rows.get(live_from.date())
+        if row is None or row["computed_at"] < live_from + timedelta(days=1) + FINAL_AFTER:
+            break
+        live_from += timedelta(days=1)
     with schema_context(tenant.schema_name):
-        live = metering.model_use(since=today, until=today + timedelta(days=1))
-    tokens = (closed["tokens_in"] or 0) + (closed["tokens_out"] or 0) + live.tokens
-    return tokens, (closed["cost"] or Decimal(0)) + live.cost_usd
+        live = metering.model_use_by_day(since=live_from, until=today + timedelta(days=1))
+    tokens, cost = 0, Decimal(0)
+    for day, row in rows.items():
+        if day < live_from.date():
+            tokens, cost = tokens + row["tokens_in"] + row["tokens_out"], cost + row["cost_usd"]
+    day = live_from
+    while day <= today:
+        live_tokens, live_cost = live.get(day.date(), (0, Decimal(0)))
+        row = rows.get(day.date())
+        if row is not None and row["tokens_in"] + row["tokens_out"] > live_tokens:
+            live_tokens, live_cost = row["tokens_in"] + row["tokens_out"], row["cost_usd"]
+        tokens, cost = tokens + live_tokens, cost + live_cost
+        day += timedelta(days=1)
+    return tokens, cost
 
 
 def quota_uses(*, tenant: Tenant, now: datetime | None = None,
                names: tuple[str, ...] = QUOTA_FIELDS) -> list[QuotaUse]:
     """Each quota (of `names`) with its limit, current use and reset time."""
-    now = now or timezone.now()
+    now = (now or timezone.now()).astimezone(UTC)
     limits = quota_limits(tenant=tenant)
     today = _day_start(now)
     tomorrow = today + timedelta(days=1)
@@ -162,20 +183,19 @@ START_QUOTAS = ("concurrent_runs", "runs_per_day", "tokens_per_month", "cost_usd
 
 def quota_check_start(*, tenant: Tenant | None = None, now: datetime | None = None) -> None:
     """Raise QuotaExceeded if the tenant may not start another run now. Only the quotas with a
-    limit are measured (a tenant without limits pays nothing for this).
-
-    Called in the transaction that creates the run, it holds the tenant's start lock until that
-    transaction ends: starts racing at the limit are counted one after the other (each sees the
-    runs the ones before it committed), so none slips past concurrent_runs or runs_per_day."""
+    limit are measured (a tenant without limits pays nothing for this). Call it in the
+    transaction that creates the run: the counted quotas are then checked under a lock."""
     tenant = tenant or _current_tenant()
     if tenant is None:
         return
     limits = quota_limits(tenant=tenant)
     names = tuple(name for name in START_QUOTAS if limits[name] is not None)
-    if names and connection.in_atomic_block:
+    if {"concurrent_runs", "runs_per_day"} & set(names) and connection.in_atomic_block:
+        # Two starts checked at once would both find room for one: the tenant's starts are
+        # checked one at a time, each until the transaction that creates its run commits.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                           [f"quota-start\x1f{tenant.schema_name}"])
+                           [f"quota-start:{tenant.schema_name}"])
     for use in quota_uses(tenant=tenant, now=now, names=names):
         if use.exceeded:
             raise QuotaExceeded(use, now=now)

@@ -1,5 +1,6 @@
 """Metering's writes: each tenant's UsageDay rows recomputed from its own rows (idempotent:
-computing a day twice writes the same numbers), and API request counts copied from Redis.
+computing a day twice writes the same numbers), and API request counts copied from Redis
+(across a Redis restart too: see _api_requests_copy).
 
 Counters only ever go up: retention prunes finished runs' rows (and their effects and sandbox
 executions), so a recount of a closed day may find less than was there; the larger count wins.
@@ -25,11 +26,12 @@ def usage_day_refresh(*, tenant: Tenant, day: date, now: datetime | None = None)
     today = now.date()
     with schema_context(tenant.schema_name):
         use = metering.day_use(day=day, today=today)
-    api_requests = api_requests_read(schema=tenant.schema_name, day=day)
+    # made empty first (two passes at once make one), then filled under its lock; as computed
+    # at the day's start until then, so no reader takes it for a closed day's final count
+    UsageDay.objects.get_or_create(tenant=tenant, day=day,
+                                   defaults={"computed_at": metering.day_bounds(day)[0]})
     with transaction.atomic():
-        row = UsageDay.objects.select_for_update().filter(tenant=tenant, day=day).first()
-        if row is None:
-            row = UsageDay(tenant=tenant, day=day, computed_at=now)
+        row = UsageDay.objects.select_for_update().get(tenant=tenant, day=day)
         row.runs_started = max(row.runs_started, use.runs_started)
         row.runs_finished = _larger_counts(row.runs_finished, use.runs_finished)
         if use.steps >= row.steps:  # steps and seconds of one set of runs: kept together
@@ -46,11 +48,27 @@ def usage_day_refresh(*, tenant: Tenant, day: date, now: datetime | None = None)
         if use.hot_bytes is not None:
             row.hot_bytes = use.hot_bytes
         row.archive_bytes = max(row.archive_bytes, use.archive_bytes)
-        if api_requests is not None:
-            row.api_requests = max(row.api_requests, api_requests)
+        # read under the row's lock: two refreshes at once copy one reading after the other
+        _api_requests_copy(row, api_requests_read(schema=tenant.schema_name, day=day))
         row.computed_at = now
         row.save()
     return row
+
+
+def _api_requests_copy(row: UsageDay, read: tuple[str, int] | None) -> None:
+    """Bring the row's API requests up to Redis' count. Within one Redis life the count only
+    grows, so the row takes the larger reading; a new life (Redis restarted, its counts gone)
+    counts from zero again, and what it counts is added to what the row already had."""
+    if read is None:  # Redis out of reach: nothing new to copy
+        return
+    life, count = read
+    if life and life == row.api_requests_life:
+        seen = max(row.api_requests_seen, count)
+        row.api_requests += seen - row.api_requests_seen
+        row.api_requests_seen = seen
+    elif life:
+        row.api_requests += count
+        row.api_requests_life, row.api_requests_seen = life, count
 
 
 def _larger_counts(old: dict, new: dict) -> dict:

@@ -193,6 +193,49 @@ def test_requeue_is_confirmed_with_its_count_then_done_and_audited_in_both_logs(
     assert AuditEntry.objects.filter(actor=f"admin:{user.username}").count() == 2
 
 
+def test_a_run_a_worker_took_over_after_the_page_was_read_is_left_to_that_worker(
+        globex, monkeypatch):
+    """The founder's re-queue is decided under the run's lock: a worker that claimed the
+    expired run between the stuck check and the action keeps it, its lease not fenced off."""
+    from runs.console import services as console_services
+    with tenant_context(globex):
+        run = expired_lease_run()
+    founder, user = logged_in(superuser=True)
+    read_stuck = console_services.stuck_runs_here
+    calls = []
+
+    def then_taken_over(**kwargs):
+        found = read_stuck(**kwargs)
+        if not calls:  # a live worker takes the run over just after the first look
+            assert engine.run_claim(run_id=run.id, owner="live-host:1", lease_seconds=60)
+        calls.append(kwargs)
+        return found
+
+    monkeypatch.setattr(console_services, "stuck_runs_here", then_taken_over)
+    try:
+        report = console_services.stuck_runs_act(user=user, tenant=globex, action="requeue",
+                                                 run_ids=[run.id], path="/test")
+        assert report.done == [] and len(report.refused) == 1
+        with tenant_context(globex):
+            taken = Run.objects.get(id=run.id)
+            assert (taken.status, taken.lease_owner) == ("running", "live-host:1")
+    finally:
+        settle(globex, run)
+
+
+def test_cancelling_a_run_whose_lease_expired_ends_it_now(globex):
+    """No worker holds a stuck run's expired lease to see a cancel request at a step's end:
+    the run is cancelled at once, its last holder fenced off."""
+    with tenant_context(globex):
+        run = expired_lease_run()
+        epoch = Run.objects.get(id=run.id).lease_epoch
+        try:
+            cancelled = run_cancel(run_id=run.id, by="test")
+            assert cancelled.status == "cancelled" and cancelled.lease_epoch == epoch + 1
+        finally:
+            settle(globex, run)
+
+
 def test_migrate_moves_a_version_mismatch_to_the_newest_version_that_has_its_step(stuck, acme):
     run = stuck["version"]
     founder, user = logged_in(superuser=True)
@@ -342,6 +385,38 @@ def test_a_heartbeat_row_is_one_upsert_of_a_few_milliseconds_per_beat():
     assert each < 0.02  # one small upsert per process every RUN_HEARTBEAT_SECONDS
     row = WorkerHeartbeat.objects.get(worker=worker_id())
     assert row.beat_at >= timezone.now() - timedelta(seconds=5) and row.started_at <= row.beat_at
+
+
+def test_a_locked_heartbeat_table_holds_the_lease_thread_up_for_a_second_at_most():
+    """The row is written on the lease thread, after the extensions: a heartbeat table locked
+    by someone else (a migration, a long prune) gives up the row, never the next extension."""
+    import threading
+
+    from django.db import OperationalError, connection, transaction
+    locked, done = threading.Event(), threading.Event()
+
+    def lock_the_table():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {WorkerHeartbeat._meta.db_table} "
+                               "IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                done.wait(timeout=6)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=lock_the_table)
+    holder.start()
+    try:
+        assert locked.wait(timeout=10)
+        began = time.perf_counter()
+        with pytest.raises(OperationalError):  # lock_timeout: the row is given up this beat
+            leases.worker_beat()
+        assert time.perf_counter() - began < 3
+    finally:
+        done.set()
+        holder.join(timeout=10)
+    leases.worker_beat()  # the next beat writes it again
 
 
 

@@ -117,6 +117,26 @@ def test_api_requests_are_counted_per_tenant_and_flushed(acme, globex, acme_api,
     assert usage_day_refresh(tenant=globex, day=day).api_requests == globex_before
 
 
+def test_api_requests_counted_after_a_redis_restart_add_to_those_already_copied(acme):
+    """A Redis restarted empty counts the day from zero again: what it counts after the restart
+    is added to what the usage task had copied, not lost until the new count passes the old
+    one. Copying one reading twice adds nothing."""
+    from django.core.cache import cache
+
+    from tenants.throttling import api_request_count, api_requests_key
+    day = timezone.now().date()
+    before = usage_day_refresh(tenant=acme, day=day).api_requests
+    for _ in range(5):
+        api_request_count(schema="acme")
+    assert usage_day_refresh(tenant=acme, day=day).api_requests == before + 5
+    assert usage_day_refresh(tenant=acme, day=day).api_requests == before + 5
+    cache.delete(api_requests_key("acme", day))  # what a restart without persistence leaves
+    for _ in range(2):
+        api_request_count(schema="acme")
+    assert usage_day_refresh(tenant=acme, day=day).api_requests == before + 7
+    assert usage_day_refresh(tenant=acme, day=day).api_requests == before + 7
+
+
 def test_a_worker_runs_the_metering_pass_for_every_tenant(acme, globex, worker):
     started = timezone.now()
     refresh_all_tenants.delay()

@@ -205,3 +205,85 @@ def test_one_tenants_use_never_counts_against_anothers_quota(acme, globex, quota
     with schema_context("acme"):
         run_start(agent="research", input={}, enqueue=False)
     assert _use(globex, "runs_per_day").limit is None
+
+
+def test_a_closed_day_not_yet_recounted_after_midnight_still_counts_live(acme, quotas,
+                                                                          fake_openai):  # noqa: F811
+    """Just after midnight (or with the beat task stopped) yesterday's row was computed before
+    the day ended: the month's use reads yesterday's calls live, not from that partial row."""
+    from runs.usage.models import UsageDay
+    with schema_context("acme"):
+        finished(_think("acme", fake_openai).id)
+    now = timezone.now()
+    after_midnight = now.replace(hour=0, minute=1, second=0, microsecond=0) + timedelta(days=1)
+    if after_midnight.month != now.month:
+        pytest.skip("today is the month's last day: tomorrow is another month")
+    tokens, cost = _month(acme, now)
+    assert tokens > 0
+    before = UsageDay.objects.filter(tenant=acme, day=now.date()).first()
+    try:
+        # the beat task's last count of today, before today's calls were all made
+        UsageDay.objects.update_or_create(tenant=acme, day=now.date(), defaults={
+            "tokens_in": 0, "tokens_out": 0, "cost_usd": 0, "computed_at": now})
+        assert _month(acme, after_midnight) == (tokens, cost)
+        # once recounted after the day ended, its row is what counts
+        with schema_context("acme"):
+            today_tokens = metering.model_use(since=now.replace(hour=0, minute=0, second=0,
+                                                                microsecond=0),
+                                              until=after_midnight).tokens
+        UsageDay.objects.filter(tenant=acme, day=now.date()).update(
+            tokens_in=today_tokens + 1000, computed_at=after_midnight + timedelta(minutes=10))
+        assert _month(acme, after_midnight + timedelta(minutes=20))[0] == tokens + 1000
+    finally:
+        if before is None:
+            UsageDay.objects.filter(tenant=acme, day=now.date()).delete()
+        else:
+            before.save()
+
+
+def test_two_starts_at_once_never_both_take_the_last_concurrent_run(acme, quotas, monkeypatch):
+    """Each start is checked and its run created one after the other: two requests racing for
+    the last place get one run and one quota_exceeded, not two runs."""
+    import threading
+
+    from django.db import connection
+
+    from runs.usage import quotas as quota_module
+    with schema_context("acme"):
+        in_flight = metering.runs_in_flight()
+    quotas(acme, concurrent_runs=in_flight + 1)
+    both_checked = threading.Barrier(2)
+    checked = quota_module.quota_check_start
+
+    def check_then_wait(**kwargs):  # widen the window between the check and the insert
+        checked(**kwargs)
+        try:
+            both_checked.wait(timeout=1)
+        except threading.BrokenBarrierError:
+            pass  # the other start waits for this one's commit: no race to widen
+
+    monkeypatch.setattr("runs.services.quota_check_start", check_then_wait)
+    outcomes, made = [], []
+
+    def start():
+        try:
+            with schema_context("acme"):
+                made.append(run_start(agent="research", input={"iterations": 1},
+                                   enqueue=False).run.id)
+            outcomes.append("started")
+        except QuotaExceeded:
+            outcomes.append("quota_exceeded")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    try:
+        assert sorted(outcomes) == ["quota_exceeded", "started"]
+    finally:
+        for run_id in made:
+            with schema_context("acme"):
+                finished(run_id)
