@@ -56,6 +56,9 @@ SELECT coalesce(result->>'model', args->>'model', '') AS model,
 """
 
 
+USD_PLACES = Decimal("0.000001")
+
+
 def model_use(*, since: datetime, until: datetime) -> ModelUse:
     """Tokens and cost of the model calls recorded done in [since, until), in this schema."""
     use = ModelUse()
@@ -68,6 +71,7 @@ def model_use(*, since: datetime, until: datetime) -> ModelUse:
             use.cost_usd += cost
             use.by_model[model] = {"tokens_in": int(tokens_in), "tokens_out": int(tokens_out),
                                    "cost_usd": str(cost)}
+    use.cost_usd = use.cost_usd.quantize(USD_PLACES)  # as UsageDay.cost_usd keeps it
     return use
 
 

@@ -7,7 +7,6 @@ executions), so a recount of a closed day may find less than was there; the larg
 Hot-store bytes are a gauge, measured for today only."""
 
 from datetime import date, datetime, timedelta
-from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,9 +37,7 @@ def usage_day_refresh(*, tenant: Tenant, day: date, now: datetime | None = None)
             row.steps, row.active_seconds = use.steps, use.active_seconds
         if use.model.tokens >= row.tokens_in + row.tokens_out:
             row.tokens_in, row.tokens_out = use.model.tokens_in, use.model.tokens_out
-            # to the column's 6 places, as saved: the row returned is the row stored
-            row.cost_usd = use.model.cost_usd.quantize(Decimal("0.000001"))
-            row.models_used = use.model.by_model
+            row.cost_usd, row.models_used = use.model.cost_usd, use.model.by_model
         row.effects = _larger_counts(row.effects, use.effects)
         if use.sandbox_wall_seconds >= row.sandbox_wall_seconds:
             row.sandbox_cpu_seconds = use.sandbox_cpu_seconds
