@@ -244,7 +244,8 @@ def test_migrate_moves_a_version_mismatch_to_the_newest_version_that_has_its_ste
                   "confirmed": "yes"})
     with tenant_context(acme):
         migrated = Run.objects.get(id=run.id)
-        assert (migrated.status, migrated.agent_version) == ("queued", 2)
+        # back in line on v2 (a worker this session started may already have taken it on)
+        assert migrated.agent_version == 2 and migrated.status != "waiting", migrated.status
         assert Run.objects.get(id=stuck["engine_error"].id).status == "waiting"  # chatter: no v2
     entry = AuditEntry.objects.get(actor=f"admin:{user.username}", action="run.migrated")
     assert entry.detail["from_version"] == 1 and entry.detail["to_version"] == 2
