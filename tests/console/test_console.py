@@ -15,6 +15,7 @@ from django_tenants.utils import tenant_context
 
 from runs import engine
 from runs.console import selectors as console
+from runs.console import services as console_services
 from runs.dispatch.models import ReadyRun, Wakeup, WorkerHeartbeat
 from runs.dispatch.services import ready_mark
 from runs.effects.models import OutboxMessage
@@ -197,7 +198,6 @@ def test_a_run_a_worker_took_over_after_the_page_was_read_is_left_to_that_worker
         globex, monkeypatch):
     """The founder's re-queue is decided under the run's lock: a worker that claimed the
     expired run between the stuck check and the action keeps it, its lease not fenced off."""
-    from runs.console import services as console_services
     with tenant_context(globex):
         run = expired_lease_run()
     founder, user = logged_in(superuser=True)

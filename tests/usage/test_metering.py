@@ -18,6 +18,7 @@ from runs.usage.models import UsageDay
 from runs.usage.services import usage_day_refresh, usage_refresh
 from runs.usage.tasks import refresh_all_tenants
 from sandboxes.models import SandboxExecution
+from tenants.throttling import api_request_count, api_requests_key
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
 from tests.support.runs import finished, start
 from tests.support.waiting import wait_for
@@ -123,7 +124,6 @@ def test_api_requests_counted_after_a_redis_restart_add_to_those_already_copied(
     one. Copying one reading twice adds nothing."""
     from django.core.cache import cache
 
-    from tenants.throttling import api_request_count, api_requests_key
     day = timezone.now().date()
     before = usage_day_refresh(tenant=acme, day=day).api_requests
     for _ in range(5):

@@ -17,8 +17,9 @@ from runs.approvals.models import Approval
 from runs.models import Run
 from runs.services import run_start
 from runs.usage import metering
-from runs.usage.models import Plan
-from runs.usage.quotas import QuotaExceeded, quota_check_start, quota_limits, quota_uses
+from runs.usage import quotas as quota_module
+from runs.usage.models import Plan, UsageDay
+from runs.usage.quotas import QuotaExceeded, month_model_use, quota_check_start, quota_limits, quota_uses
 from tenants.throttling import TenantPlanRateThrottle
 from tests.dashboard.conftest import person, signed_in
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
@@ -154,7 +155,6 @@ def test_a_run_crossing_the_monthly_token_quota_parks_for_the_owner(acme, quotas
 
 
 def _month(tenant, now=None):
-    from runs.usage.quotas import month_model_use
     return month_model_use(tenant=tenant, now=now or timezone.now())
 
 
@@ -211,7 +211,6 @@ def test_a_closed_day_not_yet_recounted_after_midnight_still_counts_live(acme, q
                                                                           fake_openai):  # noqa: F811
     """Just after midnight (or with the beat task stopped) yesterday's row was computed before
     the day ended: the month's use reads yesterday's calls live, not from that partial row."""
-    from runs.usage.models import UsageDay
     with schema_context("acme"):
         finished(_think("acme", fake_openai).id)
     now = timezone.now()
@@ -248,7 +247,6 @@ def test_two_starts_at_once_never_both_take_the_last_concurrent_run(acme, quotas
 
     from django.db import connection
 
-    from runs.usage import quotas as quota_module
     with schema_context("acme"):
         in_flight = metering.runs_in_flight()
     quotas(acme, concurrent_runs=in_flight + 1)
