@@ -55,6 +55,7 @@ TENANT_APPS = [
     "runs.approvals",
     "runs.retention",
     "runs.definitions",
+    "runs.graphs",  # LangGraph checkpoints (agentplatform.langgraph)
     "sandboxes",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS] + [
