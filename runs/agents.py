@@ -107,6 +107,20 @@ class Agent:
         """"platform" for the operator's agents (AGENT_MODULES), "tenant" for a definition."""
         return "platform" if self.definition is None else "tenant"
 
+    @classmethod
+    def from_langgraph(cls, name: str, version: int, build: Any, **options) -> "Agent":
+        """Register a LangGraph graph as an agent: `build` is a compiled graph, a StateGraph
+        (compiled here) or a function returning either. One step per graph node; the platform
+        runs the graph superstep by superstep under the run's lease (runs/graphs/driver.py),
+        and the graph's topology pins its runs. `options`: as for `Agent(...)`."""
+        agent = cls(name, version, **options)
+        try:
+            graph_agents()(agent, build)
+        except BaseException:
+            registry.unregister(name, version)
+            raise
+        return agent
+
     def input_errors(self, input: dict) -> list[str]:
         """Where `input` breaks the agent's input schema, one line per failure, each naming
         the path in the input (`$.employee.email`); empty when it conforms or has no schema."""
@@ -174,6 +188,8 @@ class TenantAgents:
 
 
 tenant_agents: Wiring[TenantAgents] = Wiring("tenant-defined agents")
+# Gives an agent one step per node of a LangGraph graph, and its pins (runs/graphs/driver.py).
+graph_agents: Wiring[Callable[[Agent, Any], None]] = Wiring("LangGraph graphs as agents")
 
 
 class AgentRegistry:

@@ -55,7 +55,7 @@ os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("AGENT_MODULES",
                       "agents,tests.support.agents,tests.support.sandbox_agents,tests.support.engine_agents,"
-                      "tests.support.mcp_agents")
+                      "tests.support.mcp_agents,tests.support.graph_agents")
 os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
 os.environ.setdefault("SANDBOX_WORKSPACE_ROOT", os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".dev", f"test-workspaces{SLOT}"))

@@ -17,7 +17,7 @@ class PlatformConfig(AppConfig):
         # Imported here: an app's services may load only once every app's models are ready.
         from agentplatform.metrics import fleet_wire
         from integrations.webhooks.slack_approvals import slack_approval_announce
-        from runs.agents import TenantAgents, tenant_agents
+        from runs.agents import TenantAgents, graph_agents, registry, tenant_agents
         from runs.approvals.services import (
             ANNOUNCERS,
             approval_open,
@@ -39,6 +39,7 @@ class PlatformConfig(AppConfig):
             outbox_kick,
         )
         from runs.engine.ports import Ports, ports_wire
+        from runs.graphs.driver import graph_agent_define
         from runs.parked import Inbox, inbox_wire
         from runs.services import child_report, run_start, runs_inspect_in_flight
         from runs.usage.quotas import api_rate_per_minute
@@ -64,9 +65,13 @@ class PlatformConfig(AppConfig):
             wakeup_cancel=wakeup_cancel, event_deliver=event_deliver, parked_cancel=parked_cancel,
         ))
         tenant_agents.wire(TenantAgents(get=tenant_agent_get, all=tenant_agents_all))
+        graph_agents.wire(graph_agent_define)
         tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
                                         wakeup_fire=wakeup_fire))
         TenantPlanRateThrottle.rate_of = lambda tenant: api_rate_per_minute(tenant=tenant)
         fleet_wire(ready=ready_backlog, outbox=outbox_backlog)
         if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process
             ANNOUNCERS.append(slack_approval_announce)
+        # Agent modules register agents (and may register connectors): every process that runs
+        # steps or delivers effects needs them. Loaded last: a LangGraph agent needs its port.
+        registry.load()

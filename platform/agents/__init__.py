@@ -1,3 +1,3 @@
 """The agents shipped with the platform. Importing this package registers them."""
 
-from . import onboarding, research  # noqa: F401
+from . import invoice_graph, onboarding, research  # noqa: F401

@@ -58,43 +58,62 @@ class StepContext:
     def log(self, name: str) -> LogView:
         return self._logs[name]
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this step runs under (the run's, or its fan-out branch's)."""
+        return self._fence[0]
+
     def effect(self, name: str, connector: str, *, credential: str = "default", **args) -> Any:
         """Do something externally visible exactly once per (run, step visit, name): a re-run
         of this step gets the recorded result instead of acting again. `credential`: which of
         the tenant's credentials for the connector (by label)."""
+        return self.effect_at(self.scope, name, connector, credential=credential, **args)
+
+    def effect_at(self, key: str, name: str, connector: str, *, credential: str = "default",
+                  **args) -> Any:
+        """`effect`, once per (run, `key`, name) instead of per step visit: for work whose
+        identity outlives the visit (a LangGraph task, re-run at a later visit after a crash).
+        `key`: at most 40 characters, never a digit string (those are visits)."""
         with self._interrupting():
             self.barrier()  # the state this effect depends on is durable before it happens
-            return ports().effect_perform(scope=self._effect_scope(), name=name, connector=connector,
-                                          args=args, credential=credential)
+            return ports().effect_perform(scope=self._effect_scope(key), name=name,
+                                          connector=connector, args=args, credential=credential)
 
     def effect_outcome_unknown(self, name: str) -> None:
         """Give up on effect `name` of this step, whose last attempt may have reached the
         receiver: the run parks for a person to say whether it went out (never in a fan-out
         branch, which cannot park: there it fails the branch)."""
         with self._interrupting():
-            ports().effect_outcome_unknown(scope=self._effect_scope(), name=name)
+            ports().effect_outcome_unknown(scope=self._effect_scope(self.scope), name=name)
 
     def model(self, messages: list[dict], *, model: str | None = None, name: str | None = None,
               max_tokens: int = 1024, credential: str = "default", **options) -> dict:
         """A chat-completion call through the `model` connector: an effect, so a recorded
         call is never made (or paid for) twice; refused before sending if over budget.
         `credential`: the label of the tenant's model credential (it picks the provider)."""
-        effects = ports()
         self._models += 1
+        return self.model_at(self.scope, messages, model=model, max_tokens=max_tokens,
+                             name=name or f"model-{self._models}", credential=credential,
+                             **options)
+
+    def model_at(self, key: str, messages: list[dict], *, name: str, model: str | None = None,
+                 max_tokens: int = 1024, credential: str = "default", **options) -> dict:
+        """`model`, keyed like `effect_at`."""
+        effects = ports()
         args = {"messages": messages, "max_tokens": max_tokens, **options}
         if model:
             args["model"] = model
         with self._interrupting():
             self.barrier()
             return effects.effect_perform(
-                scope=self._effect_scope(), name=name or f"model-{self._models}",
-                connector="model", args=args, credential=credential,
+                scope=self._effect_scope(key), name=name, connector="model", args=args,
+                credential=credential,
                 budget_check=effects.budget_checker(run_id=self.run_id,
                                                     requested_tokens=max_tokens))
 
-    def _effect_scope(self) -> Scope:
+    def _effect_scope(self, key: str) -> Scope:
         epoch, branch_id = self._fence
-        return Scope(self.run_id, self.scope, epoch, branch=branch_id)
+        return Scope(self.run_id, key, epoch, branch=branch_id)
 
     @contextmanager
     def _interrupting(self):

@@ -1,0 +1,290 @@
+"""Graphs as agents: a LangGraph graph run by the platform, one superstep per step.
+
+`Agent.from_langgraph(name, version, build)` calls `graph_agent_define`, which gives the agent
+one step per graph node (all alike: the step is named for what runs next) and pins its runs to
+the graph's topology. A step drives the graph one superstep further under the run's lease:
+
+- the graph's checkpoints go to `PlatformSaver` in the tenant's schema, every write fenced on
+  the lease epoch, so a worker that lost the run stops at its next write (LeaseLost);
+- the graph's thread is the run (thread_id = run id); a step always continues from the
+  thread's head, so a step re-run after a crash goes on where the graph really is;
+- `interrupt(value)` in a node parks the run: an approval in the inbox (or, for
+  `interrupt({"wait_for_event": {"kind": ..., "key": ...}})`, a wait on that event); the
+  decision (or the event's payload) resumes the node with `Command(resume=...)`;
+- `effect()` and `model()` in a node or `@task` go through the effect ledger, keyed on the
+  LangGraph task's id: a task re-run after a crash gets the recorded result, never a second
+  call. A `@task`'s result is kept as the task's pending write by the same fenced saver.
+"""
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from django.db import connection
+from langgraph.config import get_config
+from langgraph.graph import StateGraph
+from langgraph.pregel import Pregel
+from langgraph.types import Command, StateSnapshot
+
+from ..agents import Agent
+from ..engine import StepContext
+from ..transitions import Transition, finish, goto, wait_for_approval, wait_for_event
+from .saver import Fence, PlatformSaver
+
+START = "__start__"
+MARK = "langgraph"  # the state key that says where the graph's thread was after the step
+ANSWERS = ("interrupt", "approval", "event", "timed_out")  # what one park leaves in the state
+TITLE_MAX_CHARS = 200
+
+
+def graph_agent_define(agent: Agent, build: Any) -> None:
+    """Give `agent` one step per node of the graph `build` makes, and the graph's pins."""
+    graph = graph_compiled(build)
+    nodes = sorted(graph.nodes)
+    step = _graph_step(graph)
+    for node in nodes:
+        agent.step(name=node, start=node == START, next=nodes)(step)
+    agent.pins = {**(agent.pins or {}), "langgraph": graph_topology_hash(graph)}
+
+
+def graph_compiled(build: Any) -> Pregel:
+    """A compiled graph from a compiled graph, a StateGraph, or a function returning either."""
+    if callable(build) and not isinstance(build, Pregel | StateGraph):
+        build = build()
+    if isinstance(build, StateGraph):
+        build = build.compile()
+    if not isinstance(build, Pregel):
+        raise TypeError(f"Agent.from_langgraph takes a compiled graph, a StateGraph or a "
+                        f"function returning one, not {type(build).__name__}")
+    if START not in build.nodes:
+        raise ValueError("the graph has no __start__ node: it was not built by a StateGraph")
+    return build
+
+
+def graph_topology_hash(graph: Pregel) -> str:
+    """What a run's checkpoints depend on: nodes, edges (conditional ones with their declared
+    ends) and channels. Code inside a node may change; a new shape is a new version."""
+    drawn = graph.get_graph()
+    branches = []
+    builder = getattr(graph, "builder", None)
+    for source, specs in sorted(getattr(builder, "branches", {}).items()):
+        for name, spec in sorted(specs.items()):
+            ends = spec.ends.values() if isinstance(spec.ends, dict) else spec.ends or ()
+            branches.append([source, name, sorted(map(str, ends))])
+    topology = {
+        "nodes": sorted(graph.nodes),
+        "edges": sorted([edge.source, edge.target, bool(edge.conditional)] for edge in drawn.edges),
+        "branches": branches,
+        "channels": sorted([name, type(channel).__name__]
+                           for name, channel in graph.channels.items()),
+    }
+    canonical = json.dumps(topology, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# -- the step ------------------------------------------------------------------------------
+
+def _graph_step(graph: Pregel) -> Callable[[StepContext, Any], Transition]:
+    def graph_superstep(ctx: StepContext, state) -> Transition:
+        thread = str(ctx.run_id)
+        saver = PlatformSaver(_saver_connection(), schema=connection.schema_name,
+                              fence=Fence(ctx.run_id, ctx.epoch))
+        pregel = graph.copy(update={"checkpointer": saver})
+        config = {"configurable": {"thread_id": thread}}
+        mark = state.get(MARK)
+        if mark and mark["thread"] != thread:  # a fork: on from the source's checkpoint
+            if saver.get_tuple(config) is None:
+                saver.copy_thread(mark["thread"], thread)
+            config["configurable"]["checkpoint_id"] = mark["checkpoint"]
+        snapshot = pregel.get_state(config)
+        if not snapshot.created_at:
+            payload = ctx.input
+        elif (answer := _answer(state, snapshot)) is not None:
+            payload = Command(resume={state["interrupt"]: answer})
+        elif snapshot.next or snapshot.interrupts:
+            payload = None
+        else:  # finished already (the worker died before the platform's checkpoint)
+            return _transition(snapshot, thread)
+        token = _running.set(_Running(ctx, threading.get_ident(), connection.schema_name))
+        try:
+            pregel.invoke(payload, config, interrupt_before="*", durability="sync")
+        finally:
+            _running.reset(token)
+        return _transition(pregel.get_state({"configurable": {"thread_id": thread}}), thread)
+
+    return graph_superstep
+
+
+def _answer(state, snapshot: StateSnapshot) -> Any:
+    """What the interrupt the run parked on was answered with; None if it was not answered
+    (or was answered already: the thread moved on past it)."""
+    pending = state.get("interrupt")
+    if not pending or pending not in {interrupt.id for interrupt in snapshot.interrupts}:
+        return None
+    if state.get("timed_out"):
+        return {"approved": False, "timed_out": True}
+    if (decision := state.get("approval")) is not None:
+        return {key: decision.get(key) for key in ("approved", "by", "comment", "artifact")}
+    if (event := state.get("event")) is not None:
+        return event.get("payload")
+    return None
+
+
+def _transition(snapshot: StateSnapshot, thread: str) -> Transition:
+    update = dict.fromkeys(ANSWERS) | {MARK: {
+        "thread": thread, "checkpoint": snapshot.config["configurable"]["checkpoint_id"]}}
+    if snapshot.interrupts:
+        interrupt = snapshot.interrupts[0]
+        node = _interrupted_node(snapshot, interrupt.id)
+        update["interrupt"] = interrupt.id
+        value = interrupt.value if isinstance(interrupt.value, dict) else {}
+        timeout = _timeout(value)
+        waits = {"then": node, "update": update, "timeout": timeout,
+                 "on_timeout": node if timeout else None}
+        if isinstance(value.get("wait_for_event"), dict):
+            event = value["wait_for_event"]
+            return wait_for_event(str(event.get("kind", "")), str(event.get("key", "")), **waits)
+        return wait_for_approval(_request(node, interrupt.value), **waits)
+    if not snapshot.next:
+        return finish(_jsonable(snapshot.values), update=update)
+    return goto(snapshot.next[0], update=update)
+
+
+def _interrupted_node(snapshot: StateSnapshot, interrupt_id: str) -> str:
+    for task in snapshot.tasks:
+        if any(interrupt.id == interrupt_id for interrupt in task.interrupts):
+            return task.name
+    return snapshot.next[0]
+
+
+def _timeout(value: dict) -> timedelta | None:
+    seconds = value.get("timeout_seconds")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        return timedelta(seconds=seconds)
+    return None
+
+
+def _request(node: str, value: Any) -> dict:
+    """The approval an interrupt asks for: its `title` (else one naming the node), its
+    `artifact` (else the whole value) and, when given, its `deciders`."""
+    if not isinstance(value, dict):
+        return {"title": f"{node} asks for a decision", "artifact": _jsonable(value)}
+    title = value.get("title")
+    request = {"title": str(title)[:TITLE_MAX_CHARS] if title else f"{node} asks for a decision",
+               "artifact": _jsonable(value.get("artifact", value))}
+    if isinstance(value.get("deciders"), list):
+        request["deciders"] = [str(decider) for decider in value["deciders"]]
+    return request
+
+
+def _jsonable(value: Any) -> Any:
+    """The graph's values as JSON (the run's result, an approval's artifact): pydantic models
+    and dataclasses as their fields, anything else unknown as its text."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+# -- the saver's connection ------------------------------------------------------------------
+
+_saver_connections = threading.local()
+
+
+def _saver_connection() -> psycopg.Connection:
+    """This worker thread's own connection for the graph's checkpoints. LangGraph writes them
+    from its executor threads, and a Django connection belongs to one thread."""
+    conn = getattr(_saver_connections, "conn", None)
+    if conn is None or conn.closed or conn.broken:
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        conn = _saver_connections.conn = psycopg.connect(**params, autocommit=True)
+    return conn
+
+
+# -- effects inside nodes ------------------------------------------------------------------
+
+@dataclass
+class _Running:
+    """The step that is driving the graph, for the nodes it runs (LangGraph copies context
+    variables into its executor threads)."""
+
+    ctx: StepContext
+    thread: int  # the step's own thread: the one whose database connection is the tenant's
+    schema: str
+    models: dict[str, int] = field(default_factory=dict)  # model calls so far, per task
+
+
+_running: ContextVar[_Running | None] = ContextVar("graph_step", default=None)
+
+
+def effect(name: str, connector: str, *, credential: str = "default", **args) -> Any:
+    """In a node or `@task` of a graph the platform runs: do something externally visible
+    once per (task, name), through the effect ledger (as `ctx.effect`)."""
+    running, key = _task()
+    return _on_tenant_connection(running, lambda: running.ctx.effect_at(
+        key, name, connector, credential=credential, **args))
+
+
+def model(messages: list[dict], *, name: str | None = None, model: str | None = None,
+          max_tokens: int = 1024, credential: str = "default", **options) -> dict:
+    """In a node or `@task` of a graph the platform runs: a model call through the ledger
+    (as `ctx.model`), never made or paid for twice; `name` defaults to the task's n-th call."""
+    running, key = _task()
+    running.models[key] = running.models.get(key, 0) + 1
+    name = name or f"model-{running.models[key]}"
+    return _on_tenant_connection(running, lambda: running.ctx.model_at(
+        key, messages, name=name, model=model, max_tokens=max_tokens, credential=credential,
+        **options))
+
+
+def _task() -> tuple[_Running, str]:
+    """The running step, and the ledger key of the LangGraph task calling: "g" and its id."""
+    running = _running.get()
+    if running is None:
+        raise RuntimeError("effect() and model() work in a graph run by the platform "
+                           "(Agent.from_langgraph), inside a node or a @task")
+    namespace = get_config().get("configurable", {}).get("checkpoint_ns", "")
+    task_id = namespace.rpartition("|")[2].rpartition(":")[2].replace("-", "")
+    if not task_id:
+        raise RuntimeError("effect() and model() are called inside a node or a @task")
+    return running, "g" + task_id
+
+
+def _on_tenant_connection(running: _Running, call: Callable[[], Any]) -> Any:
+    """Run `call` on the step's thread's terms: there as it is; from one of LangGraph's
+    executor threads (a superstep with parallel tasks), in a thread of its own with its own
+    connection to the tenant's schema, closed afterwards."""
+    if threading.get_ident() == running.thread:
+        return call()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            connection.set_schema(running.schema)
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the calling task, which raises it
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=run, name="graph-effect")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -1,0 +1,131 @@
+"""LangGraph graphs as agents, driven in the test process (the engine is free of Celery):
+supersteps as steps, effects in nodes through the ledger, interrupts as approvals and event
+waits, the graph's topology as the run's pin. Real workers: test_graph_workers.py."""
+
+import uuid
+
+import pytest
+from django.db import connection
+from langgraph.graph import END, StateGraph
+
+from agentplatform.langgraph import effect
+from integrations.services import credential_set
+from runs.agents import Agent, UnknownAgent, registry
+from runs.approvals.models import Approval
+from runs.approvals.services import approval_decide, event_submit
+from runs.effects.models import Effect
+from runs.graphs.models import GraphCheckpoint
+from runs.models import Checkpoint, Run
+from tests.support.fakes.fixtures import fake_webhook  # noqa: F401
+from tests.support.graph_agents import PingState, pinger_graph
+from tests.support.runs import finished, kinds, start
+
+
+@pytest.fixture
+def webhook(in_acme, fake_webhook):  # noqa: F811
+    credential_set(connector="webhook", secrets={"signing_secret": "whsec_test",
+                                                 "url": fake_webhook.url})
+    return fake_webhook
+
+
+def steps_of(run: Run) -> list[str]:
+    return list(Checkpoint.objects.filter(run=run).order_by("visit").values_list("step", flat=True))
+
+
+def test_a_graph_runs_superstep_by_superstep_with_its_effects_once(webhook):
+    run = start("graph-pinger", input={"count": 3})
+    done = finished(run.id)
+    assert done.status == "succeeded", done.error
+    assert done.result["n"] == 3 and done.result["pings"] == [200, 200, 200]
+    # one platform step per superstep, named for the node it ran: input, then ping three times
+    assert steps_of(done) == ["__start__", "ping", "ping", "ping", None]
+    assert done.steps_taken == 4
+    assert webhook.state()["acted"] == 3 and set(webhook.deliveries_by_key().values()) == {1}
+    scopes = list(Effect.objects.filter(run=done).values_list("scope", flat=True))
+    assert len(set(scopes)) == 3 and all(s.startswith("g") and len(s) == 33 for s in scopes)
+    # the graph's thread is the run, in the tenant's schema
+    assert GraphCheckpoint.objects.filter(thread_id=str(run.id)).count() >= 4
+
+
+def test_parallel_nodes_post_once_each(webhook):
+    done = finished(start("graph-fan", input={}).id)
+    assert done.status == "succeeded", done.error
+    assert sorted(done.result["posted"]) == [200, 200]
+    sides = sorted(event["side"] for event in webhook.events.values())
+    assert sides == ["left", "right"] and webhook.state()["deliveries"] == 2
+
+
+def test_an_interrupt_is_an_approval_and_the_decision_resumes_the_node(in_acme):
+    order = uuid.uuid4().hex[:8]
+    parked = finished(start("graph-asker", input={"order": order}).id)
+    assert parked.status == "waiting" and parked.waiting_reason == f"approval: Ship order {order}?"
+    approval = Approval.objects.get(run=parked, status="pending")
+    assert approval.request["artifact"] == {"order": order} and approval.then == "ask"
+    approval_decide(approval_id=approval.id, approve=True, by="maria", comment="go")
+
+    second = finished(parked.id)  # the node's second interrupt of two: one at a time
+    first_q = Approval.objects.get(run=second, status="pending")
+    assert first_q.request["title"] == "First question?" and first_q.then == "ask_again"
+    approval_decide(approval_id=first_q.id, approve=False, by="maria")
+    third = finished(parked.id)
+    second_q = Approval.objects.get(run=third, status="pending")
+    assert second_q.request["title"] == "Second question?"
+    approval_decide(approval_id=second_q.id, approve=True, by="joe", artifact={"edited": 1})
+
+    done = finished(parked.id)
+    assert done.status == "succeeded", done.error
+    ask, first_answer, second_answer = done.result["answers"]
+    assert ask == {"approved": True, "by": "maria", "comment": "go", "artifact": {"order": order}}
+    assert first_answer["approved"] is False and first_answer["by"] == "maria"
+    assert second_answer["approved"] is True and second_answer["artifact"] == {"edited": 1}
+    assert kinds(done).count("approval_decided") == 3
+
+
+def test_an_interrupt_can_wait_for_an_event(in_acme):
+    order = uuid.uuid4().hex[:8]
+    parked = finished(start("graph-asker", input={"order": order, "wait": "event"}).id)
+    assert parked.status == "waiting" and parked.waiting_reason.startswith("event")
+    event_submit(kind="order.paid", key=order, payload={"amount": 42})
+    moved = finished(parked.id)
+    assert moved.status == "waiting" and moved.waiting_reason == "approval: First question?"
+    run = Run.objects.get(id=parked.id)
+    assert Checkpoint.objects.filter(run=run).order_by("-visit").first().state["langgraph"]
+    graph_state = GraphCheckpoint.objects.filter(thread_id=str(run.id)).count()
+    assert graph_state >= 2
+
+
+def test_the_graphs_topology_pins_its_runs():
+    pinned = registry.get("graph-pinger", 1)
+    assert len(pinned.pins["langgraph"]) == 64
+    name = f"graph-{uuid.uuid4().hex[:8]}"
+    same = Agent.from_langgraph(name, 1, pinger_graph)
+    reshaped = pinger_graph()
+    reshaped.add_node("extra", lambda state: {})
+    reshaped.add_edge("extra", END)
+    other = Agent.from_langgraph(name, 2, reshaped.compile())
+    try:
+        assert same.pins == pinned.pins  # the same graph: the same pin, whatever the agent
+        assert other.pins["langgraph"] != pinned.pins["langgraph"]
+        assert same.steps.keys() == {"__start__", "ping"} and same.start == "__start__"
+        assert other.steps["ping"].next == frozenset({"__start__", "ping", "extra"})
+    finally:
+        registry.unregister(name, 1)
+        registry.unregister(name, 2)
+
+
+def test_what_is_not_a_graph_is_refused_and_not_registered():
+    name = f"graph-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TypeError, match="compiled graph"):
+        Agent.from_langgraph(name, 1, lambda: "not a graph")
+    with pytest.raises(UnknownAgent):
+        registry.get(name, 1)
+    with pytest.raises(ValueError):  # LangGraph: a graph needs an entry point
+        Agent.from_langgraph(name, 1, StateGraph(PingState).compile)
+    with pytest.raises(UnknownAgent):
+        registry.get(name, 1)
+
+
+def test_effects_outside_a_platform_run_say_why():
+    with pytest.raises(RuntimeError, match="run by the platform"):
+        effect("x", "webhook", payload={})
+    assert connection.schema_name == "public"
