@@ -5,7 +5,9 @@ from uuid import UUID
 
 from celery import shared_task
 from celery.signals import worker_process_init
+from django.conf import settings
 
+from agentplatform.drain import DrainableSlice, draining
 from runs.dispatch.services import dispatch_ready
 from tenants.selection import tenant_schema
 
@@ -25,9 +27,13 @@ def heartbeat_start(**_) -> None:
 
 @shared_task(name="runs.advance")
 def advance(run_id: str) -> str:
-    """Run a slice of the run; then hand the freed slot to whoever is next in fair order."""
+    """Run a slice of the run; then hand the freed slot to whoever is next in fair order. A
+    draining worker (SIGTERM) ends the slice after the step in progress."""
     tenant_schema()
-    outcome = engine.advance(run_id=UUID(run_id))
+    outcome = engine.advance(run_id=UUID(run_id),
+                             slice_seconds=DrainableSlice(settings.RUN_SLICE_SECONDS))
+    if draining.is_set():
+        log.info("draining: run %s given back after its current step (%s)", run_id, outcome.value)
     if outcome != engine.Outcome.NOT_CLAIMED:
         dispatch_ready()
     return outcome.value

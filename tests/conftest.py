@@ -95,8 +95,8 @@ def globex_api():
 LOGS = ROOT / ".dev" / "test-logs" / f"slot{SLOT}"  # two shards' "worker.log" never mix
 
 
-def Worker(name: str, concurrency: int = 1) -> localprocs.Worker:  # noqa: N802
-    return localprocs.Worker(name, concurrency, log_dir=LOGS)
+def Worker(name: str, concurrency: int = 1, env: dict | None = None) -> localprocs.Worker:  # noqa: N802
+    return localprocs.Worker(name, concurrency, log_dir=LOGS, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -217,11 +217,12 @@ def worker(_session_worker, beat, outbox_worker):
 
 @pytest.fixture
 def start_worker(celery_queue_clean, s3, beat, outbox_worker):
-    """Start extra workers for one test; all are stopped afterwards."""
+    """Start extra workers for one test (`env`: settings of their own); all are stopped
+    afterwards."""
     started = []
 
-    def start(name: str, concurrency: int = 1) -> Worker:
-        process = Worker(f"{name}-{time.monotonic_ns()}", concurrency)
+    def start(name: str, concurrency: int = 1, env: dict | None = None) -> Worker:
+        process = Worker(f"{name}-{time.monotonic_ns()}", concurrency, env)
         started.append(process)
         return process.wait_ready()
 

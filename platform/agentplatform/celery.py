@@ -3,10 +3,19 @@
 import os
 
 from billiard.process import current_process
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_init, worker_process_init
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_shutting_down,
+)
 from django.conf import settings
 from tenant_schemas_celery.app import CeleryApp
 
+from agentplatform import drain
 from agentplatform.prometheus import worker_metrics_serve
 from agentplatform.redaction import SecretsRedactingFilter
 from agentplatform.telemetry import celery_instrument
@@ -50,3 +59,24 @@ def worker_process_metrics(**kwargs):
     index = getattr(current_process(), "index", None)
     if index is not None:
         worker_metrics_serve(offset=index)
+
+
+@worker_process_init.connect
+def worker_process_drain(**kwargs):
+    """SIGTERM lets a pool process finish its run's current step (agentplatform.drain)."""
+    drain.pool_process_started()
+
+
+@worker_shutting_down.connect
+def worker_shutdown_drain(**kwargs):
+    drain.worker_drain()
+
+
+@task_prerun.connect
+def task_started(**kwargs):
+    drain.task_started()
+
+
+@task_postrun.connect
+def task_ended(**kwargs):
+    drain.task_ended()
