@@ -43,6 +43,9 @@ class CeleryProcess:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def log_count(self, text: str) -> int:
+        return self.log_path.read_text(errors="replace").count(text)
+
     def kill(self, sig=signal.SIGKILL):
         try:
             os.killpg(self.process.pid, sig)
@@ -99,8 +102,10 @@ class Worker(CeleryProcess):
 
 
 class Beat(CeleryProcess):
-    """A real `celery beat`: the watchdog and dispatcher tick."""
+    """A real `celery beat`: the watchdog and dispatcher tick (only while it holds the one-beat
+    lock: agentplatform/beat.py)."""
 
-    def __init__(self, schedule_dir: Path, *, log_dir: Path, env: dict | None = None):
-        super().__init__("beat", ["beat", "-l", "info", "-s", str(schedule_dir / "beat-schedule"),
+    def __init__(self, schedule_dir: Path, *, log_dir: Path, env: dict | None = None,
+                 name: str = "beat"):
+        super().__init__(name, ["beat", "-l", "info", "-s", str(schedule_dir / "beat-schedule"),
                                   "--pidfile", ""], log_dir=log_dir, env=env)

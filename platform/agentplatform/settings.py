@@ -257,6 +257,12 @@ CELERY_BEAT_SCHEDULE = {
     "retention-archive": {"task": "retention.archive_all_tenants",
                           "schedule": env.float("RETENTION_INTERVAL_SECONDS", default=600.0)},
 }
+# However many beats run, only the one holding a PostgreSQL session lock ticks
+# (agentplatform/beat.py). Its connection: PostgreSQL itself or a session pool, never a
+# transaction pool (a session lock there belongs to whichever client borrows the connection).
+CELERY_BEAT_SCHEDULER = "agentplatform.beat:OneBeatScheduler"
+BEAT_LOCK_DATABASE = (env.db_url("BEAT_LOCK_DATABASE_URL") if env("BEAT_LOCK_DATABASE_URL", default="")
+                      else DATABASES["default"])
 
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
