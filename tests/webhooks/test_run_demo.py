@@ -193,15 +193,25 @@ def test_the_invoice_demo_defines_its_agent_once_parks_on_the_payment_pays_and_e
     assert "turn 3: the model calls email_requester(" in printed
     assert "succeeded after 4 model turns" in printed
 
+    # then the same invoice through the LangGraph example, invoice-graph
+    assert "LangGraph demo: invoice-graph" in printed and "parked it on approval" in printed
+    assert ("steps (the graph's nodes): __start__ → think → act → think → act → think → act → "
+            "think" in printed)
+
     charges = stand_in_state(demo_stand_ins["payments"], "/v1/charges")["data"]
     assert [(c["amount"], c["currency"], c["customer"]) for c in charges] == [
-        (125000, "eur", "cus_northwind")]
+        (125000, "eur", "cus_northwind")] * 2  # once by each agent
     requester = f"ada@{demo_tenant.schema_name}.test"
     mails = [m for m in smtp_server.messages if m["To"] == requester]
-    assert len(mails) == 1 and charges[0]["id"] in mails[0].get_content()
-    assert stand_in_state(demo_stand_ins["model"], "/v1/state")["by_model"] == {SCRIPTED_MODEL: 4}
+    assert len(mails) == 2 and {charge["id"] for charge in charges} == {
+        next(c["id"] for c in charges if c["id"] in mail.get_content()) for mail in mails}
+    assert stand_in_state(demo_stand_ins["model"], "/v1/state")["by_model"] == {
+        SCRIPTED_MODEL: 4, "invoice-graph-script": 4}
     with tenant_context(demo_tenant):
         run = Run.objects.get(id=run_id)
+        graph_run = Run.objects.get(agent="invoice-graph")
+        assert graph_run.status == Run.Status.SUCCEEDED and Approval.objects.get(
+            run=graph_run).decided_by == "user:owner@demo.test"
         assert run.status == Run.Status.SUCCEEDED and run.agent == AGENT
         decided = Approval.objects.get(run=run)
         assert decided.status == "approved" and decided.decided_by == "user:owner@demo.test"

@@ -8,11 +8,15 @@ change), and the definition gets a new version only when its JSON changed. The m
 in `--model-url` (DEMO_MODEL_BASE_URL): deploy/dev starts the scripted model server, a
 development stand-in that plays deploy/demo/invoice-triage.script.json, unless a real endpoint
 is configured. Payments go to `--payments-url` (DEMO_PAYMENTS_API_URL; deploy/dev starts the
-stand-in deploy/demo/payments.py), the email through the platform's SMTP."""
+stand-in deploy/demo/payments.py), the email through the platform's SMTP.
+
+Then the same invoice through `invoice-graph`, the LangGraph example (a graph run as a platform
+agent: platform/agents/invoice_graph.py), with the same credentials and approval."""
 
 import json
 import os
 import time
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,7 @@ from runs.approvals.services import approval_decide
 from runs.definitions.selectors import definition_versions
 from runs.definitions.services import DefinitionError, definition_create, definition_update
 from runs.effects.models import Effect
-from runs.models import LogEntry, Run
+from runs.models import Checkpoint, LogEntry, Run
 from runs.services import run_start
 from tenants.services import tenant_create
 
@@ -37,6 +41,8 @@ DEV_DIR = Path(settings.BASE_DIR) / ".dev"
 DEFINITION_FILE = DEMO_DIR / "invoice-triage.json"
 INVOICE_FILE = DEMO_DIR / "INV-2041.txt"
 SCRIPTED_MODEL = "invoice-triage-script"  # the script's name in invoice-triage.script.json
+GRAPH_AGENT = "invoice-graph"  # the LangGraph example (platform/agents/invoice_graph.py)
+GRAPH_SCRIPTED_MODEL = "invoice-graph-script"
 SHOWN_CHARS = 300
 
 
@@ -150,6 +156,49 @@ class Command(BaseCommand):
             say(f"Run {run.id} succeeded after {run.result.get('turns')} model turns "
                 f"({run.tokens_used} tokens): {run.result.get('content')}")
             say(f"  its page, turn by turn: {url}/t/{tenant}/runs/{run.id}\n")
+            graph_demo(say=say, url=url, tenant=tenant, owner=owner, requester=requester,
+                       model_name=GRAPH_SCRIPTED_MODEL if scripted else model_name, timeout=timeout)
+
+
+def graph_demo(*, say, url: str, tenant: str, owner: str, requester: str, model_name: str,
+               timeout: float) -> None:
+    """The same invoice through `invoice-graph`, a LangGraph graph shipped as a platform agent
+    (platform/agents/invoice_graph.py), with the same credentials."""
+    run = run_start(agent=GRAPH_AGENT, by="run_invoice_demo", input={
+        "invoice": {"filename": INVOICE_FILE.name, "content": INVOICE_FILE.read_text()},
+        "requester": requester, "model": model_name, "credential": "demo"}).run
+    say(f"LangGraph demo: {GRAPH_AGENT}, a LangGraph graph run as a platform agent (one step "
+        f"per superstep, checkpoints in the tenant's schema). Run {run.id} started.")
+    run = _until(run, lambda r: r.status in (Run.Status.WAITING, *Run.FINISHED), timeout)
+    approval = Approval.objects.filter(run=run, status=Approval.Status.PENDING).first()
+    if approval is not None:
+        say(f"  interrupt() in node act parked it on approval {approval.id}: "
+            f"{approval.request.get('title', '')}")
+        approval_decide(approval_id=approval.id, approve=True, by=f"user:{owner}",
+                        comment="approved by the demo (make run)")
+        say(f"  Approved as {owner}: Command(resume=...) carries the decision into the node.")
+        run = _until(run, lambda r: r.status in Run.FINISHED, timeout)
+    if run.status != Run.Status.SUCCEEDED:
+        raise CommandError(f"run {run.id} of {GRAPH_AGENT} ended {run.status}: {run.error}")
+    steps = Checkpoint.objects.filter(run=run).exclude(step=None).order_by("visit")
+    # a node parked and resumed has a checkpoint for each: said once
+    nodes = [node for node, _ in groupby(steps.values_list("step", flat=True))]
+    say(f"  steps (the graph's nodes): {' → '.join(nodes)}")
+    for effect in Effect.objects.filter(run=run, status="done").order_by("created_at"):
+        say(f"  effect {effect.name} ({effect.connector}) done once, key {effect.idempotency_key[:12]}…")
+    say(f"Run {run.id} succeeded: {run.result['messages'][-1].get('content')}")
+    say(f"  its page: {url}/t/{tenant}/runs/{run.id}\n")
+
+
+def _until(run: Run, done, timeout: float) -> Run:
+    deadline = time.monotonic() + timeout
+    while not done(run):
+        if time.monotonic() > deadline:
+            raise CommandError(f"run {run.id} is still {run.status} after {timeout:.0f}s: is a "
+                               "Celery worker running (make run)?")
+        time.sleep(0.2)
+        run.refresh_from_db()
+    return run
 
 
 class Story:
