@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_ENV = ROOT / "deploy" / "production" / "agentplatform.env.example"
 
 PRODUCTION = {
     "DJANGO_DEBUG": "0",
@@ -59,6 +60,31 @@ def test_deploy_checks_pass_their_security_checks():
                    "WARNING"])
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "security." not in checked.stdout + checked.stderr
+
+
+def example_environment() -> dict[str, str]:
+    """deploy/production's example environment file, as systemd and `docker --env-file` read it."""
+    lines = [line for line in EXAMPLE_ENV.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_deploy_checks_are_clean_with_the_example_production_environment(tmp_path):
+    environment = {**example_environment(), "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+                   "AGENTPLATFORM_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
+                   "STATIC_ROOT": str(tmp_path)}
+    assert environment["DJANGO_DEBUG"] == "0" and environment["STATIC_COLLECTED"] == "1"
+    checked = run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], **environment)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "System check identified no issues (0 silenced)" in checked.stdout
+
+
+def test_the_example_environment_leaves_the_secrets_to_be_filled_in():
+    environment = example_environment()
+    assert environment["DJANGO_SECRET_KEY"] == environment["AGENTPLATFORM_MASTER_KEY"] == ""
+    started = run(["-c", "import django; django.setup()"],
+                  **{**environment, "DJANGO_SECRET_KEY": ""})
+    assert started.returncode != 0 and "DJANGO_SECRET_KEY is not set" in started.stderr
 
 
 def test_cookies_are_secure_and_webhook_urls_are_https_behind_a_tls_proxy():

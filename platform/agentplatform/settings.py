@@ -115,9 +115,18 @@ TEMPLATES = [
     }
 ]
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / ".dev" / "static"
-# Without collectstatic (development, tests) whitenoise serves from the apps' static folders.
-WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
+# Production collects the static files into STATIC_ROOT (`manage.py collectstatic`, in the image
+# or on deploy) and says so with STATIC_COLLECTED=1: whitenoise serves them from there,
+# compressed, under content-hashed names cached for good. Without it (development, tests)
+# whitenoise serves them from the apps' static folders.
+STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / ".dev" / "static"))
+STATIC_COLLECTED = env.bool("STATIC_COLLECTED", default=False)
+WHITENOISE_USE_FINDERS = not STATIC_COLLECTED
+if STATIC_COLLECTED:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
 # The dashboard's people: Django users, email as username, passwords hashed with Argon2id.
 PASSWORD_HASHERS = [
@@ -165,6 +174,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {"AgentKindEnum": ["platform", "tenant"]},  # not approvals' `kind`
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "agentplatform.api_contract.document_common_errors",

@@ -169,7 +169,7 @@ def _tenant_rows(name: str) -> list[AgentDefinition]:
 class AgentListCreate(APIView):
     required_scopes = {"GET": Scope.RUNS_READ, "POST": Scope.AGENTS_WRITE}
 
-    @extend_schema(responses={200: AgentListSerializer})
+    @extend_schema(operation_id="agents_list", responses={200: AgentListSerializer})
     def get(self, request):
         """The operator's agents and this tenant's (not retired), each at its latest version."""
         startable = {row.name: row for row in definitions_latest()}
