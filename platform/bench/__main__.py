@@ -12,6 +12,7 @@ BENCHMARKS = {
     "sandbox": "bench.sandbox",
     "resume": "bench.resume",
     "chaos": "bench.chaos",
+    "langgraph": "bench.langgraph",
 }
 
 
