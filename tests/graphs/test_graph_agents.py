@@ -16,6 +16,7 @@ from runs.approvals.services import approval_decide, event_submit
 from runs.effects.models import Effect
 from runs.graphs.models import GraphCheckpoint
 from runs.models import Checkpoint, Run
+from runs.services import run_fork
 from tests.support.fakes.fixtures import fake_webhook  # noqa: F401
 from tests.support.graph_agents import PingState, pinger_graph
 from tests.support.runs import finished, kinds, start
@@ -129,3 +130,16 @@ def test_effects_outside_a_platform_run_say_why():
     with pytest.raises(RuntimeError, match="run by the platform"):
         effect("x", "webhook", payload={})
     assert connection.schema_name == "public"
+
+
+def test_a_fork_goes_on_from_the_graphs_checkpoint_at_that_visit(webhook):
+    source = finished(start("graph-pinger", input={"count": 3}).id)
+    assert steps_of(source)[2] == "ping"  # visit 2: after __start__ and the first ping
+    fork = run_fork(run_id=source.id, visit=2, enqueue=False, by="test")
+    done = finished(fork.id)
+    assert done.status == "succeeded", done.error
+    # the fork's graph starts from the source's checkpoint after one ping: two more, its own
+    assert done.result["n"] == 3 and len(done.result["pings"]) == 3
+    assert Effect.objects.filter(run=done).count() == 2 and webhook.state()["acted"] == 5
+    assert GraphCheckpoint.objects.filter(thread_id=str(fork.id)).exists()
+    assert finished(source.id).result == source.result  # the source is untouched
