@@ -23,7 +23,7 @@ items = st.one_of(st.integers(-1000, 1000), st.text(max_size=6),
                   st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2))
 lists = st.lists(items, max_size=4)
 others = st.one_of(st.none(), st.integers(-10**6, 10**6), st.text(max_size=10),
-                   st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                   st.dictionaries(st.text(max_size=3), st.integers(-99, 99), max_size=2))
 changes = st.one_of(
     st.tuples(st.just("append"), st.sampled_from(CHANNELS), lists),
     st.tuples(st.just("append"), st.sampled_from(CHANNELS), lists),
