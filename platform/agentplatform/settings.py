@@ -206,7 +206,7 @@ CACHES = {
     }
 }
 
-# -- HTTPS (docs/operators.md#production) ------------------------------------------------------
+# -- HTTPS (docs/operators.md#production-layout) -----------------------------------------------
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto: requests it marks https are secure,
 # so redirects, cookies and the webhook URLs given to Slack and Gmail say https.
 if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
