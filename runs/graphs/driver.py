@@ -127,7 +127,9 @@ def _answer(state, snapshot: StateSnapshot) -> Any:
     pending = state.get("interrupt")
     if not pending or pending not in {interrupt.id for interrupt in snapshot.interrupts}:
         return None
-    if state.get("timed_out"):
+    if timed_out := state.get("timed_out"):
+        if timed_out.get("waiting_for") == "event":
+            return {"timed_out": True}
         return {"approved": False, "timed_out": True}
     if (decision := state.get("approval")) is not None:
         return {key: decision.get(key) for key in ("approved", "by", "comment", "artifact")}

@@ -6,13 +6,15 @@ import uuid
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from langgraph.graph import END, StateGraph
 
 from agentplatform.langgraph import effect
 from integrations.services import credential_set
 from runs.agents import Agent, UnknownAgent, registry
 from runs.approvals.models import Approval
-from runs.approvals.services import approval_decide, event_submit
+from runs.approvals.services import approval_decide, event_submit, wakeup_fire
+from runs.dispatch.models import Wakeup
 from runs.effects.models import Effect
 from runs.graphs.models import GraphCheckpoint
 from runs.models import Checkpoint, Run
@@ -20,6 +22,7 @@ from runs.services import run_fork
 from tests.support.fakes.fixtures import fake_webhook  # noqa: F401
 from tests.support.graph_agents import PingState, pinger_graph
 from tests.support.runs import finished, kinds, start
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -80,6 +83,20 @@ def test_an_interrupt_is_an_approval_and_the_decision_resumes_the_node(in_acme):
     assert first_answer["approved"] is False and first_answer["by"] == "maria"
     assert second_answer["approved"] is True and second_answer["artifact"] == {"edited": 1}
     assert kinds(done).count("approval_decided") == 3
+
+
+def test_an_interrupt_nobody_answers_in_time_returns_timed_out(in_acme):
+    parked = finished(start("graph-patient", input={}).id)
+    approval = Approval.objects.get(run=parked, status="pending")
+    assert approval.on_timeout == "hurry" and approval.expires_at is not None
+    wait_for(lambda: Wakeup.objects.filter(run_id=parked.id, due_at__lte=timezone.now()).exists(),
+             what="the approval's timeout to be due")
+    # fired here, unless a beat of this test session fired it first
+    assert wakeup_fire(run_id=parked.id, visit=approval.visit) in ("timed_out", "stale")
+    done = finished(parked.id)
+    assert "wait_timed_out" in kinds(done)
+    assert done.status == "succeeded", done.error
+    assert done.result["answers"] == [{"approved": False, "timed_out": True}]
 
 
 def test_an_interrupt_can_wait_for_an_event(in_acme):

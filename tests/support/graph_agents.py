@@ -101,3 +101,19 @@ def asker_graph() -> StateGraph:
 
 Agent.from_langgraph("graph-asker", 1, asker_graph,
                      retry=RetryPolicy(max_attempts=1))
+
+
+# -- an interrupt nobody answers in time ------------------------------------------------------
+def hurry(state: AskState) -> dict:
+    return {"answers": [interrupt({"title": "Quick?", "timeout_seconds": 0.2})]}
+
+
+def patient_graph() -> StateGraph:
+    graph = StateGraph(AskState)
+    graph.add_node("hurry", hurry)
+    graph.add_edge(START, "hurry")
+    graph.add_edge("hurry", END)
+    return graph
+
+
+Agent.from_langgraph("graph-patient", 1, patient_graph)
