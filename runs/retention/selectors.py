@@ -17,6 +17,7 @@ from django.db.models import Count, Max, Min, Q, Sum
 from django.utils.duration import duration_iso_string
 
 from runs.agents import RetentionPolicy, UnknownAgent, registry
+from runs.graphs.models import GraphBlob, GraphCheckpoint, GraphWrite
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.serializers import CheckpointSerializer, EventSerializer, RunSerializer
 
@@ -110,32 +111,45 @@ def _of_agents(agents) -> Q:
 
 @dataclass(frozen=True)
 class RunTable:
-    """A model whose rows point at a run: archived with it; deleted, or (SET_NULL) detached."""
+    """A model whose rows point at a run: archived with it; deleted, or (SET_NULL) detached.
+    `by_thread`: a LangGraph table, whose rows are the run's when their thread is the run."""
 
     model: type[models.Model]
-    field: models.ForeignKey
+    field: models.Field
     outlives_run: bool
+    by_thread: bool = False
 
     @property
     def name(self) -> str:
         return self.model._meta.db_table
 
+    def key(self, run_id: UUID) -> UUID | str:
+        """What `field` holds for the run's rows."""
+        return str(run_id) if self.by_thread else run_id
+
+
+# A graph run's LangGraph thread is the run (runs/graphs/driver.py): its checkpoints, channel
+# values and pending writes go with it. Threads of the saver used on its own are not runs'.
+THREAD_TABLES = (GraphCheckpoint, GraphBlob, GraphWrite)
+
 
 def run_tables() -> list[RunTable]:
-    """Every table with a ForeignKey to Run, found at runtime so later apps' tables come along.
-    Forks (Run -> Run) are other runs: they are detached, not archived."""
+    """Every table with a ForeignKey to Run, found at runtime so later apps' tables come along,
+    and LangGraph's tables by thread. Forks (Run -> Run) are other runs: they are detached,
+    not archived."""
     return [
         RunTable(rel.related_model, rel.field, outlives_run=rel.on_delete is models.SET_NULL)
         for rel in Run._meta.related_objects
         if not rel.many_to_many and rel.related_model is not Run
-    ]
+    ] + [RunTable(model, model._meta.get_field("thread_id"), outlives_run=False, by_thread=True)
+         for model in THREAD_TABLES]
 
 
 def run_rows(*, run_id: UUID) -> dict[str, list[dict]]:
     """The run's row and its rows in every run table, as plain JSON-ready dicts, in pk order."""
     rows = {Run._meta.db_table: list(Run.objects.filter(id=run_id).values())}
     for table in run_tables():
-        found = table.model._default_manager.filter(**{table.field.attname: run_id})
+        found = table.model._default_manager.filter(**{table.field.attname: table.key(run_id)})
         rows[table.name] = list(found.order_by("pk").values())
     return json.loads(json.dumps(rows, default=json_default))
 

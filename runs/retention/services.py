@@ -166,12 +166,12 @@ def run_prune(*, run_id: UUID, counts: dict[str, int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL agentplatform.allow_prune = 'on'")
         for table in selectors.run_tables():
-            column = qn(table.field.column)
+            column, key = qn(table.field.column), table.key(run_id)
             if table.outlives_run:
                 cursor.execute(f"UPDATE {qn(table.name)} SET {column} = NULL WHERE {column} = %s",
-                               [run_id])
+                               [key])
             else:
-                cursor.execute(f"DELETE FROM {qn(table.name)} WHERE {column} = %s", [run_id])
+                cursor.execute(f"DELETE FROM {qn(table.name)} WHERE {column} = %s", [key])
             if cursor.rowcount != counts.get(table.name, 0):
                 raise ArchiveRaced(f"run {run_id}: {table.name} had {cursor.rowcount} rows at "
                                    f"prune time but {counts.get(table.name, 0)} were archived")

@@ -11,6 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentplatform.s3 import s3_client
+from runs.graphs.models import GraphCheckpoint
 from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.retention import selectors, services
 from runs.retention.models import Archive
@@ -21,7 +22,8 @@ from tests.retention.conftest import run_finished
 def hot_rows(run_id) -> dict[str, int]:
     counts = {"runs_run": Run.objects.filter(id=run_id).count()}
     for table in selectors.run_tables():
-        counts[table.name] = table.model._default_manager.filter(**{table.field.attname: run_id}).count()
+        counts[table.name] = table.model._default_manager.filter(
+            **{table.field.attname: table.key(run_id)}).count()
     return counts
 
 
@@ -133,3 +135,23 @@ def test_append_only_guard_still_refuses_outside_the_prune_path(in_acme):
     for model in (RunEvent, Checkpoint, LogEntry):
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
             model.objects.filter(run_id=run.id).delete()
+
+
+def test_a_graph_runs_langgraph_thread_is_archived_and_pruned_with_it(archive_pass, in_acme):
+    run = run_finished(agent="graph-chatter", steps=4)
+    assert run.status == "succeeded" and run.result["said"][-1] == "message 000004"
+    live = selectors.run_history(run_id=run.id)
+    graph_rows = {table: len(live["related"][table])
+                  for table in ("graphs_checkpoint", "graphs_blob", "graphs_write")}
+    assert graph_rows["graphs_checkpoint"] >= 5 and graph_rows["graphs_blob"] >= 4
+    assert GraphCheckpoint.objects.filter(thread_id=str(run.id)).count() == graph_rows[
+        "graphs_checkpoint"]  # the thread is the run
+
+    archive_pass()
+
+    assert set(hot_rows(run.id).values()) == {0}  # the graph's tables included
+    assert not GraphCheckpoint.objects.filter(thread_id=str(run.id)).exists()
+    archive = Archive.objects.get(run_id=run.id)
+    assert {table: archive.counts[table] for table in graph_rows} == graph_rows
+    restored = services.archive_restore(tenant=in_acme, run_id=run.id)
+    assert without_archive(restored) == live

@@ -117,3 +117,25 @@ def patient_graph() -> StateGraph:
 
 
 Agent.from_langgraph("graph-patient", 1, patient_graph)
+
+
+# -- a loop that only appends: a message per superstep ---------------------------------------
+class ChatterState(TypedDict, total=False):
+    steps: int
+    said: Annotated[list, operator.add]
+
+
+def say(state: ChatterState) -> dict:
+    return {"said": [f"message {len(state.get('said', [])) + 1:06d}"]}
+
+
+def chatter_graph() -> StateGraph:
+    graph = StateGraph(ChatterState)
+    graph.add_node("say", say)
+    graph.add_edge(START, "say")
+    graph.add_conditional_edges(
+        "say", lambda state: "say" if len(state["said"]) < state["steps"] else END, ["say", END])
+    return graph
+
+
+Agent.from_langgraph("graph-chatter", 1, chatter_graph)
