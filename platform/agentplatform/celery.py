@@ -63,8 +63,10 @@ def worker_process_metrics(**kwargs):
 
 @worker_process_init.connect
 def worker_process_drain(**kwargs):
-    """SIGTERM lets a pool process finish its run's current step (agentplatform.drain)."""
-    drain.pool_process_started()
+    """SIGTERM lets a pool process finish its run's current step (agentplatform.drain). A solo
+    worker sends this signal too, in its main process: Celery's own SIGTERM handler stays."""
+    if getattr(current_process(), "index", None) is not None:
+        drain.pool_process_started()
 
 
 @worker_shutting_down.connect
