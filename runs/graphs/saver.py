@@ -211,7 +211,9 @@ class SaverCore(BaseCheckpointSaver[str]):
         rows = [(*row[:6], json.loads(row[6]), json.loads(row[7]), row[8]) for row in rows]
         keys = {(row[0], row[1], channel, str(version))
                 for row in rows for channel, version in row[6].items()}
-        values = yield from self._values_op(keys)
+        # A version's value never changes: the lists this saver remembers are not read again.
+        values = {key: value for key in keys if (value := self.recent_lists.get(key)) is not None}
+        values.update((yield from self._values_op(keys - values.keys())))
         return [self._tuple(row, values) for row in rows], values
 
     def _tuple(self, row: tuple, values: dict[BlobKey, Any]) -> CheckpointTuple:
@@ -378,16 +380,19 @@ class SaverCore(BaseCheckpointSaver[str]):
             "bases": [b.base_version for b in blobs],
         }
         ctes = [
+            # LATERAL ... LIMIT 1: one index probe per blob (an EXISTS may be planned as a hash
+            # of all the thread's blobs, which costs a put O(length of the thread)).
             f"""new_blob AS (
-                SELECT b.*, b.base_version IS NULL OR EXISTS (
-                           SELECT FROM {self.blobs} base
-                            WHERE base.thread_id = %(thread_id)s
-                              AND base.checkpoint_ns = %(checkpoint_ns)s
-                              AND base.channel = b.channel AND base.version = b.base_version
-                       ) AS based
+                SELECT b.*, b.base_version IS NULL OR base.found IS NOT NULL AS based
                   FROM unnest(%(channels)s::text[], %(blob_versions)s::text[], %(types)s::text[],
                               %(blobs)s::bytea[], %(bases)s::text[])
                        AS b(channel, version, type, blob, base_version)
+                  LEFT JOIN LATERAL (
+                       SELECT true AS found FROM {self.blobs} base
+                        WHERE base.thread_id = %(thread_id)s
+                          AND base.checkpoint_ns = %(checkpoint_ns)s
+                          AND base.channel = b.channel AND base.version = b.base_version
+                        LIMIT 1) base ON true
             )""",
             f"""blob AS (
                 INSERT INTO {self.blobs}

@@ -124,6 +124,12 @@ def test_every_checkpoint_reads_back_exactly_and_appends_are_stored_as_suffixes(
             assert found.checkpoint["channel_values"] == put.values
             assert found.checkpoint["channel_versions"] == put.versions
             assert found.parent_config == (put.parent.config if put.parent else None)
+            # the writer serves the lists it remembers: what was stored, not the caller's lists
+            values = saver.get_tuple(put.config).checkpoint["channel_values"]
+            assert values == put.values
+            for value in values.values():  # and what it hands out is the caller's own
+                if isinstance(value, list):
+                    value.append("changed after get_tuple")
         listed = list(reader.list({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}))
         assert [t.config for t in listed] == [put.config for put in reversed(written)]
         assert [t.checkpoint["channel_values"] for t in listed] == [p.values for p in reversed(written)]
