@@ -311,6 +311,10 @@ RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"
 RETENTION_TTL_DAYS = env.float("RETENTION_TTL_DAYS", default=30.0)
 RETENTION_ARCHIVE_REQUIRED = env.bool("RETENTION_ARCHIVE_REQUIRED", default=True)
 RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)  # runs per tenant per pass
+# Runs archived in one transaction (their row locks held together while they upload), and
+# uploads in flight at once (threads sharing one S3 client).
+RETENTION_CHUNK_SIZE = env.int("RETENTION_CHUNK_SIZE", default=100)
+RETENTION_UPLOAD_CONCURRENCY = env.int("RETENTION_UPLOAD_CONCURRENCY", default=8)
 
 # -- sandboxes: bubblewrap jails for tenant code (docs/sandboxes.md) ---------------------------
 SANDBOX_BWRAP = env("SANDBOX_BWRAP", default="bwrap")

@@ -1,8 +1,9 @@
 """`python -m bench retention`: N finished runs of S steps, the archive job, and the hot store's
 size before the runs, with them, and after the job.
 
-Runs in its own database (agentplatform_bench_retention, dropped and created here), against a
-real S3: S3_ENDPOINT_URL if set, else a SeaweedFS started here on a free port. Rows are
+Runs in its own database (agentplatform_bench_retention, suffixed by BENCH_SLOT, else
+TEST_SLOT, when set; dropped and created here), against a real S3: S3_ENDPOINT_URL if set, else a
+SeaweedFS started here on a free port. Rows are
 inserted in bulk with SQL (the engine is not what is measured); the archive job is the real
 one (`retention.services.archive_pass`, what the per-tenant Celery task calls), in-process.
 
@@ -24,7 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # platform/<package>/ -> the checkout
-DATABASE = "agentplatform_bench_retention"
+SLOT = os.environ.get("BENCH_SLOT", os.environ.get("TEST_SLOT", ""))
+DATABASE = f"agentplatform_bench_retention{SLOT}"  # engineers sharing the server: one each
 OWN_DJANGO_SETUP = True
 SCHEMA = "bench"
 
@@ -95,7 +97,8 @@ def s3_environment() -> subprocess.Popen | None:
     # ones outside deploy/dev); deploy/seaweedfs writes the same pair into its identity file.
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "agentplatform-bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_urlsafe(24))
-    port = next(p for p in range(19400, 20000, 10) if ports_free(p))
+    first = 19400 + 60 * (int(SLOT or 0) % 10)  # slots start apart, so they rarely race for one
+    port = next(p for p in [*range(first, 20000, 10), *range(19400, first, 10)] if ports_free(p))
     directory = tempfile.mkdtemp(prefix="bench-seaweedfs-")
     log = open(Path(directory) / "seaweedfs.log", "wb")
     server = subprocess.Popen(
@@ -192,6 +195,7 @@ def bench(args) -> int:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
 
@@ -225,7 +229,9 @@ def bench(args) -> int:
 
     stored = sum(Archive.objects.values_list("size", flat=True))
     catalog = relation_bytes([Archive._meta.db_table])
-    print(f"archived {archived} runs ({failed} failed) in {elapsed:.1f}s; {stored} bytes in S3; "
+    print(f"archived {archived} runs ({failed} failed) in {elapsed:.1f}s "
+          f"(chunks of {settings.RETENTION_CHUNK_SIZE} runs, "
+          f"{settings.RETENTION_UPLOAD_CONCURRENCY} uploads at once); {stored} bytes in S3; "
           f"archive catalog {catalog} bytes; hot tables {', '.join(tables)}", file=sys.stderr)
     print(f"retention: runs={archived} archived_per_s={archived / elapsed:.1f} "
           f"hot_bytes_empty={empty} hot_bytes_full={full} hot_bytes_after={after}")

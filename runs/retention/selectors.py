@@ -147,11 +147,22 @@ def run_tables() -> list[RunTable]:
 
 def run_rows(*, run_id: UUID) -> dict[str, list[dict]]:
     """The run's row and its rows in every run table, as plain JSON-ready dicts, in pk order."""
-    rows = {Run._meta.db_table: list(Run.objects.filter(id=run_id).values())}
+    return json.loads(json.dumps(runs_rows(run_ids=[run_id])[run_id], default=json_default))
+
+
+def runs_rows(*, run_ids: list[UUID]) -> dict[UUID, dict[str, list[dict]]]:
+    """Per run (of those that exist), its row and its rows in every run table, in pk order, as
+    `values()` dicts (JSON-ready through `json_default`): one query per table for all of them."""
+    rows: dict[UUID, dict[str, list[dict]]] = {
+        row["id"]: {Run._meta.db_table: [row]} for row in Run.objects.filter(id__in=run_ids).values()}
     for table in run_tables():
-        found = table.model._default_manager.filter(**{table.field.attname: table.key(run_id)})
-        rows[table.name] = list(found.order_by("pk").values())
-    return json.loads(json.dumps(rows, default=json_default))
+        owner = {table.key(run_id): run_id for run_id in rows}
+        for run_rows_ in rows.values():
+            run_rows_[table.name] = []
+        found = table.model._default_manager.filter(**{f"{table.field.attname}__in": list(owner)})
+        for row in found.order_by("pk").values():
+            rows[owner[row[table.field.attname]]][table.name].append(row)
+    return rows
 
 
 def json_default(value):

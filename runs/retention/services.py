@@ -2,10 +2,12 @@
 TTL, prune old inbound events), restore for audit, and rotating a tenant's data key (archive
 keys re-wrapped; credentials, Slack secrets and workspace snapshots re-sealed by their apps).
 
-Order of one run's archival, all inside one transaction holding the run's row lock:
-serialize -> seal -> upload -> read back and compare sha256 -> Archive row -> prune.
-A failure anywhere rolls back the Archive row and the prune together, so the hot rows stay;
-a re-run uploads to the same object key again, so no duplicate or orphan is left behind.
+Order of a chunk of runs' archival, all inside one transaction holding the runs' row locks:
+read their rows -> per run, concurrently: serialize -> seal -> upload -> read back and compare
+sha256 -> then, for the runs whose upload verified: Archive rows -> prune (counts checked per
+run). A run that fails anywhere gets no Archive row and no prune, so its hot rows stay; a crash
+rolls back the whole chunk. A re-run uploads to the same object key again, so no duplicate or
+orphan is left behind.
 """
 
 import gzip
@@ -13,7 +15,8 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -60,7 +63,13 @@ class ArchiveNotFound(ArchiveError):
 
 
 class ArchiveRaced(ArchiveError):
+    """A run's rows changed between their read and the prune; `runs` says how, per run."""
+
     code = "archive_raced"
+
+    def __init__(self, message: str, *, runs: dict[UUID, str] | None = None):
+        super().__init__(message)
+        self.runs = runs or {}
 
 
 class RetentionError(ServiceError):
@@ -85,100 +94,223 @@ class PassReport:
 
 
 def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | None = None) -> PassReport:
-    """One tenant's retention work (run in its schema): compact, then archive what is due."""
+    """One tenant's retention work (run in its schema): compact, then archive what is due, a
+    chunk of runs per transaction, their uploads concurrent."""
 
     now = now or timezone.now()
     report = PassReport(compacted_checkpoints=shallow_compact(),
                         pruned_events=inbound_events_prune(now=now))
-    for run_id, policy in selectors.runs_due(now=now, limit=limit or settings.RETENTION_BATCH_SIZE):
-        try:
-            archive = run_archive(tenant=tenant, run_id=run_id, policy=policy)
-        except Exception as exc:
-            archive_failure_record(run_id=run_id, error=exc)
-            report.failed += 1
-            if isinstance(exc, ArchiveStoreUnavailable):
-                report.stopped = str(exc)  # the next run would fail the same way: stop here
+    due = selectors.runs_due(now=now, limit=limit or settings.RETENTION_BATCH_SIZE)
+    if not due:
+        return report
+    concurrency = max(1, settings.RETENTION_UPLOAD_CONCURRENCY)
+    chunk = max(1, settings.RETENTION_CHUNK_SIZE)
+    client = store.shared_client(concurrency=concurrency)  # one per pass: made once, shared
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="archive-upload") as uploads:
+        for start in range(0, len(due), chunk):
+            done = runs_archive(tenant=tenant, due=due[start:start + chunk], uploads=uploads,
+                                client=client)
+            for archive in done.archives:
+                if archive.status == Archive.Status.ARCHIVED:
+                    report.archived += 1
+                    report.archived_bytes += archive.size
+                else:
+                    report.discarded += 1
+            report.failed += len(done.failures)
+            if stopped := next((exc for exc in done.failures.values()
+                                if isinstance(exc, ArchiveStoreUnavailable)), None):
+                report.stopped = str(stopped)  # the next chunk would fail the same way: stop here
                 break
-            continue
-        if archive is None:
-            continue  # finished meanwhile by another pass, or locked by one right now
-        if archive.status == Archive.Status.ARCHIVED:
-            report.archived += 1
-            report.archived_bytes += archive.size
-        else:
-            report.discarded += 1
     if report.failed:
         log.warning("retention pass in %s: %s", tenant.schema_name, report.as_dict())
     return report
 
 
-def run_archive(*, tenant: Tenant, run_id: UUID, policy: RetentionPolicy) -> Archive | None:
-    """Archive one finished run (unless its policy says not to) and prune its hot rows."""
-    schema = tenant.schema_name
-    with transaction.atomic():
-        run = (Run.objects.select_for_update(skip_locked=True)
-               .filter(id=run_id, status__in=Run.FINISHED).first())
-        if run is None:
-            return None
-        rows = selectors.run_rows(run_id=run_id)
-        counts = {table: len(table_rows) for table, table_rows in rows.items()}
-        fields = {"status": Archive.Status.DISCARDED, "object_key": "", "sha256": "", "size": 0,
-                  "sealed_key_version": None, "key_version": None, "wrapped_key": None}
-        if policy.archive_required:
-            # Held FOR SHARE until the Archive row commits: a retirement of it waits and sees it.
-            version, tenant_key = data_key_for_write(tenant=tenant)
-            sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
-                                   tenant=schema, run_id=str(run_id), key_version=version)
-            key = store.object_key_for(schema=schema, run_id=run_id)
-            digest = store.object_put_verified(key=key, blob=sealed.blob)
-            if after_upload is not None:
+@dataclass
+class ChunkArchived:
+    archives: list[Archive] = field(default_factory=list)  # archived or discarded, and pruned
+    failures: dict[UUID, Exception] = field(default_factory=dict)  # recorded failed, still hot
+
+
+@dataclass(frozen=True)
+class Upload:
+    object_key: str
+    sha256: str
+    size: int
+    sealed_key: bytes  # the object's own key, to be wrapped with the tenant's data key
+
+
+def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], uploads: Executor,
+                 client) -> ChunkArchived:
+    """Archive finished runs (unless their policy says not to) and prune their hot rows, in one
+    transaction holding their row locks (`SKIP LOCKED`: a run another pass holds is left to it).
+    Uploads run on `uploads`, sharing `client`; the Archive rows and the prune follow, for the
+    runs whose upload verified. A run whose upload fails, or whose rows changed since they were
+    read, is recorded failed and stays hot; the others are archived all the same."""
+    schema, policies = tenant.schema_name, dict(due)
+    done, locked = ChunkArchived(), []
+    try:
+        with transaction.atomic():
+            ended = {run_id: (agent, finished_at) for run_id, agent, finished_at in
+                     Run.objects.select_for_update(skip_locked=True)
+                     .filter(id__in=list(policies), status__in=Run.FINISHED)
+                     .order_by("finished_at").values_list("id", "agent", "finished_at")}
+            locked = list(ended)
+            if not locked:
+                return done  # finished meanwhile by another pass, or locked by one right now
+            rows = selectors.runs_rows(run_ids=locked)
+            counts = {run_id: {table: len(table_rows) for table, table_rows in rows[run_id].items()}
+                      for run_id in locked}
+            fields = {run_id: {"status": Archive.Status.DISCARDED} for run_id in locked}
+            sealing = [run_id for run_id in locked if policies[run_id].archive_required]
+            if sealing:
+                # Held FOR SHARE until the Archive rows commit: a retirement of it waits and sees them.
+                version, tenant_key = data_key_for_write(tenant=tenant)
+                uploaded = runs_upload(schema=schema, rows=rows, run_ids=sealing, version=version,
+                                       uploads=uploads, client=client, failures=done.failures)
+                for run_id, upload in uploaded.items():
+                    fields[run_id] = {
+                        "status": Archive.Status.ARCHIVED, "object_key": upload.object_key,
+                        "sha256": upload.sha256, "size": upload.size,
+                        "sealed_key_version": version, "key_version": version,
+                        "wrapped_key": envelope.key_wrap(upload.sealed_key, tenant_key=tenant_key,
+                                                         tenant=schema, run_id=str(run_id),
+                                                         key_version=version)}
+                for run_id in set(sealing) - set(uploaded):
+                    del fields[run_id]  # failed (in done.failures), or never started: stays hot
+            while fields:
+                try:
+                    # A savepoint: a run whose rows changed is taken out, and the others pruned again.
+                    with transaction.atomic():
+                        done.archives = archives_record(fields=fields, counts=counts, ended=ended)
+                        runs_prune(counts={run_id: counts[run_id] for run_id in fields})
+                    break
+                except ArchiveRaced as raced:
+                    if not raced.runs:
+                        raise
+                    for run_id, message in raced.runs.items():
+                        done.failures[run_id] = ArchiveRaced(message)
+                        del fields[run_id]
+                    done.archives = []
+    except Exception as exc:  # the transaction rolled back: no run of the chunk was pruned
+        if not locked:
+            raise
+        done.archives = []
+        done.failures = {run_id: done.failures.get(run_id, exc) for run_id in locked}
+    for run_id, exc in done.failures.items():
+        archive_failure_record(run_id=run_id, error=exc)
+    return done
+
+
+def runs_upload(*, schema: str, rows: dict[UUID, dict[str, list[dict]]], run_ids: list[UUID],
+                version: int, uploads: Executor, client,
+                failures: dict[UUID, Exception]) -> dict[UUID, Upload]:
+    """Seal and upload the runs' archives concurrently; the verified ones, by run. A failure goes
+    into `failures`; once S3 is unavailable, uploads not yet started are not started."""
+    pending = {uploads.submit(run_upload, schema=schema, run_id=run_id, rows=rows[run_id],
+                              version=version, client=client): run_id for run_id in run_ids}
+    uploaded: dict[UUID, Upload] = {}
+    for future in as_completed(pending):
+        run_id = pending[future]
+        if future.cancelled():
+            continue
+        try:
+            uploaded[run_id] = future.result()
+        except Exception as exc:
+            failures[run_id] = exc
+            if isinstance(exc, ArchiveStoreUnavailable):
+                for later in pending:
+                    later.cancel()  # those already uploading finish; the rest wait for the next pass
+    for run_id in list(uploaded):
+        if after_upload is not None:  # in this thread, inside the transaction, as a crash would be
+            try:
                 after_upload(run_id)
-            fields = {
-                "status": Archive.Status.ARCHIVED, "object_key": key, "sha256": digest,
-                "size": len(sealed.blob), "sealed_key_version": version, "key_version": version,
-                "wrapped_key": envelope.key_wrap(sealed.object_key, tenant_key=tenant_key,
-                                                 tenant=schema, run_id=str(run_id),
-                                                 key_version=version),
-            }
-        archive, _ = Archive.objects.update_or_create(run_id=run_id, defaults={
-            **fields, "agent": run.agent, "counts": counts, "run_finished_at": run.finished_at,
-            "archived_at": timezone.now(), "error": "",
-        })
-        run_prune(run_id=run_id, counts=counts)
-    return archive
+            except Exception as exc:
+                failures[run_id] = exc
+                del uploaded[run_id]
+    return uploaded
+
+
+def run_upload(*, schema: str, run_id: UUID, rows: dict[str, list[dict]], version: int,
+               client) -> Upload:
+    """One run's archive sealed under a fresh object key, uploaded, read back and checked.
+    Runs in an upload thread: no database here."""
+    sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
+                           tenant=schema, run_id=str(run_id), key_version=version)
+    key = store.object_key_for(schema=schema, run_id=run_id)
+    digest = store.object_put_verified(key=key, blob=sealed.blob, client=client)
+    return Upload(object_key=key, sha256=digest, size=len(sealed.blob), sealed_key=sealed.object_key)
+
+
+ARCHIVE_FIELDS = ("agent", "status", "object_key", "sha256", "size", "sealed_key_version",
+                  "key_version", "wrapped_key", "counts", "run_finished_at", "archived_at", "error",
+                  "updated_at")
+
+
+def archives_record(*, fields: dict[UUID, dict], counts: dict[UUID, dict[str, int]],
+                    ended: dict[UUID, tuple[str, datetime]]) -> list[Archive]:
+    """Upsert the runs' Archive rows (one statement); `attempts` is kept. `ended`: each run's
+    agent and end."""
+    now = timezone.now()
+    archives = [
+        Archive(run_id=run_id, agent=ended[run_id][0], counts=counts[run_id],
+                run_finished_at=ended[run_id][1], archived_at=now, error="",
+                **{"object_key": "", "sha256": "", "size": 0, "sealed_key_version": None,
+                   "key_version": None, "wrapped_key": None, **run_fields})
+        for run_id, run_fields in fields.items()]
+    Archive.objects.bulk_create(archives, update_conflicts=True, unique_fields=["run_id"],
+                                update_fields=list(ARCHIVE_FIELDS))
+    return archives
 
 
 def archive_body(*, tenant: str, run_id: UUID, rows: dict[str, list[dict]]) -> bytes:
     """JSON Lines, gzipped: a header line, then one {"table", "row"} line per row."""
     counts = {table: len(table_rows) for table, table_rows in rows.items()}
     lines = [json.dumps({"archive": FORMAT, "tenant": tenant, "run": str(run_id), "counts": counts})]
-    lines += [json.dumps({"table": table, "row": row}, separators=(",", ":"))
+    lines += [json.dumps({"table": table, "row": row}, separators=(",", ":"),
+                         default=selectors.json_default)
               for table, table_rows in rows.items() for row in table_rows]
     return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=6, mtime=0)
 
 
-def run_prune(*, run_id: UUID, counts: dict[str, int]) -> None:
-    """Delete the run's hot rows through the one path past the append-only guard. Refuses (and so
-    rolls back) if any table holds a different number of rows than was archived."""
+def runs_prune(*, counts: dict[UUID, dict[str, int]]) -> None:
+    """Delete the runs' hot rows through the one path past the append-only guard, a statement
+    per table for all of them. Refuses (ArchiveRaced naming each such run, and so rolls back) if
+    any table holds a different number of a run's rows than was archived."""
     if not connection.in_atomic_block:
-        raise RuntimeError("run_prune must run inside the archive's transaction")
+        raise RuntimeError("runs_prune must run inside the archive's transaction")
     qn = connection.ops.quote_name
+    run_ids = list(counts)
+    found: dict[str, dict[UUID, int]] = {}
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL agentplatform.allow_prune = 'on'")
         for table in selectors.run_tables():
-            column, key = qn(table.field.column), table.key(run_id)
+            name, column = qn(table.name), qn(table.field.column)
+            owner = {table.key(run_id): run_id for run_id in run_ids}
             if table.outlives_run:
-                cursor.execute(f"UPDATE {qn(table.name)} SET {column} = NULL WHERE {column} = %s",
-                               [key])
+                cursor.execute(f"""
+                    WITH hit AS (SELECT ctid, {column} AS owner FROM {name}
+                                  WHERE {column} = ANY(%s) FOR UPDATE),
+                         gone AS (UPDATE {name} t SET {column} = NULL FROM hit
+                                   WHERE t.ctid = hit.ctid RETURNING hit.owner)
+                    SELECT owner, count(*) FROM gone GROUP BY owner""", [list(owner)])
             else:
-                cursor.execute(f"DELETE FROM {qn(table.name)} WHERE {column} = %s", [key])
-            if cursor.rowcount != counts.get(table.name, 0):
-                raise ArchiveRaced(f"run {run_id}: {table.name} had {cursor.rowcount} rows at "
-                                   f"prune time but {counts.get(table.name, 0)} were archived")
+                cursor.execute(f"""
+                    WITH gone AS (DELETE FROM {name} WHERE {column} = ANY(%s) RETURNING {column})
+                    SELECT {column}, count(*) FROM gone GROUP BY {column}""", [list(owner)])
+            found[table.name] = {owner[key]: n for key, n in cursor.fetchall()}
+        raced = {
+            run_id: f"run {run_id}: {table} had {n.get(run_id, 0)} rows at prune time but "
+                    f"{counts[run_id].get(table, 0)} were archived"
+            for table, n in found.items() for run_id in run_ids
+            if n.get(run_id, 0) != counts[run_id].get(table, 0)}
+        if raced:
+            raise ArchiveRaced(f"{len(raced)} run(s) changed since they were read", runs=raced)
         runs = qn(Run._meta.db_table)
         forked_from = qn(Run._meta.get_field("forked_from").column)
-        cursor.execute(f"UPDATE {runs} SET {forked_from} = NULL WHERE {forked_from} = %s", [run_id])
-        cursor.execute(f"DELETE FROM {runs} WHERE id = %s", [run_id])
+        cursor.execute(f"UPDATE {runs} SET {forked_from} = NULL WHERE {forked_from} = ANY(%s)",
+                       [run_ids])
+        cursor.execute(f"DELETE FROM {runs} WHERE id = ANY(%s)", [run_ids])
 
 
 def archive_failure_record(*, run_id: UUID, error: Exception) -> None:

@@ -24,10 +24,16 @@ def object_key_for(*, schema: str, run_id) -> str:
     return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}.jsonl.gz.enc"
 
 
-def object_put_verified(*, key: str, blob: bytes) -> str:
-    """Upload, read back, and return the sha256 once the stored bytes are the uploaded ones."""
+def shared_client(*, concurrency: int = 1):
+    """One S3 client for many requests, shared by up to `concurrency` threads."""
+    return s3_client(max_pool_connections=max(10, concurrency))
+
+
+def object_put_verified(*, key: str, blob: bytes, client=None) -> str:
+    """Upload, read back, and return the sha256 once the stored bytes are the uploaded ones.
+    `client`: a shared one (`shared_client()`), else one is made for this call."""
     digest = hashlib.sha256(blob).hexdigest()
-    client = s3_client()
+    client = client or s3_client()
     try:
         client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=blob,
                           ContentType="application/octet-stream", Metadata={"sha256": digest})

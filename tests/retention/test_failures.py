@@ -31,22 +31,26 @@ def objects_of(run_id) -> list[str]:
 
 def test_s3_down_mid_job_prunes_nothing_more_and_a_later_pass_completes(archive_pass, monkeypatch,
                                                                        in_acme):
-    runs = oldest_runs(3)
+    first, second, third = runs = oldest_runs(3)
     histories = {run.id: selectors.run_history(run_id=run.id) for run in runs}
     before = {run.id: hot_rows(run.id) for run in runs}
     working = settings.S3_ENDPOINT_URL
-
-    def s3_goes_down(run_id):
-        settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
-
-    monkeypatch.setattr(services, "after_upload", s3_goes_down)
+    settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
     try:
-        report = archive_pass()
+        unreachable = s3_client()
     finally:
         settings.S3_ENDPOINT_URL = working
-    monkeypatch.setattr(services, "after_upload", None)
+    real_put = store.object_put_verified
 
-    first, second, third = runs
+    def put_while_s3_goes_down(*, key, blob, client=None):
+        # Uploads are concurrent: the outage reaches every upload but the first run's.
+        return real_put(key=key, blob=blob, client=client if str(first.id) in key else unreachable)
+
+    monkeypatch.setattr(store, "object_put_verified", put_while_s3_goes_down)
+    monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", 2)  # first and second, then third
+    report = archive_pass()
+    monkeypatch.setattr(store, "object_put_verified", real_put)
+
     assert Archive.objects.get(run_id=first.id).status == "archived"  # uploaded before the outage
     assert "archive store is unavailable" in report.stopped and report.failed == 1
     for run in (second, third):
