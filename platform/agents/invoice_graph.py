@@ -8,9 +8,10 @@ requester. The graph is plain LangGraph; three things make it the platform's:
 - `Agent.from_langgraph` registers it: one platform step per node, checkpoints in the tenant's
   schema, fenced on the run's lease.
 
-Input: {"invoice": {"filename", "content"}, "requester": email, "model": model name,
-        "credential": the label of the tenant's model and payments credentials,
-        "approval_above": cents (default 50000)}
+Input: {"invoice": {"filename", "content"}, "requester": email, "model": model name}.
+The tenant's model and payments credentials are those labelled `invoice-graph`; payments above
+APPROVAL_ABOVE_CENTS wait for a person. Both are the operator's choice here, not the input's:
+whoever may start a run must not be able to choose a higher threshold or another credential.
 `make run` plays it against the scripted model server (deploy/demo/invoice-triage.script.json,
 script "invoice-graph-script").
 """
@@ -59,25 +60,25 @@ INPUT_SCHEMA = {
             "content": {"type": "string", "minLength": 1, "maxLength": 20000}}},
         "requester": {"type": "string", "pattern": "^[^@\\s]+@[^@\\s]+$"},
         "model": {"type": "string", "minLength": 1},
-        "credential": {"type": "string", "minLength": 1},
-        "approval_above": {"type": "integer", "minimum": 0},
     },
+    "additionalProperties": False,
 }
 INPUT_EXAMPLE = {
     "invoice": {"filename": "INV-2041.txt",
                 "content": "INVOICE\nNumber: INV-2041\nVendor: Northwind Office Supplies Ltd\n"
                            "Payee account: cus_northwind\nTotal due: EUR 1,250.00\n"},
-    "requester": "ada@demo.test", "model": "invoice-graph-script", "credential": "demo",
+    "requester": "ada@demo.test", "model": "invoice-graph-script",
 }
 MAX_TURNS = 8
+APPROVAL_ABOVE_CENTS = 50000
+CREDENTIAL = "invoice-graph"  # the label of the tenant's model and payments credentials
+PAYMENT_FIELDS = ("amount", "currency", "customer", "description")
 
 
 class InvoiceState(TypedDict, total=False):
     invoice: dict
     requester: str
     model: str
-    credential: str
-    approval_above: int
     messages: Annotated[list[dict], operator.add]
 
 
@@ -88,7 +89,7 @@ def think(state: InvoiceState) -> dict:
     conversation = [{"role": "system", "content": INSTRUCTIONS},
                     *state.get("messages", []), *opening]
     reply = model(conversation, model=state.get("model"), tools=TOOLS, temperature=0,
-                  credential=state.get("credential", "default"))
+                  credential=CREDENTIAL)
     said = {"role": "assistant", "content": reply.get("content") or ""}
     if reply.get("tool_calls"):
         said["tool_calls"] = reply["tool_calls"]
@@ -128,22 +129,27 @@ def read_invoice(state: InvoiceState, call_id: str, arguments: dict) -> dict:
 def pay_invoice(state: InvoiceState, call_id: str, arguments: dict) -> dict:
     """Charge through the payments connector; above the threshold a person decides first
     (and may edit the arguments)."""
-    if int(arguments.get("amount") or 0) > state.get("approval_above", 50000):
-        decision = interrupt({"title": f"Pay {arguments.get('amount')} "
-                                       f"{arguments.get('currency', '')} to "
-                                       f"{arguments.get('customer', '')}?",
-                              "artifact": arguments})
+    charge = {key: arguments[key] for key in PAYMENT_FIELDS if key in arguments}
+    if not isinstance(charge.get("amount"), int) or charge["amount"] <= 0:
+        return {"error": "amount must be a positive whole number of cents"}
+    if charge["amount"] > APPROVAL_ABOVE_CENTS:
+        decision = interrupt({"title": f"Pay {charge['amount']} {charge.get('currency', '')} to "
+                                       f"{charge.get('customer', '')}?",
+                              "artifact": charge})
         if not decision["approved"]:
             return {"error": "a person rejected this payment; it was not made",
                     "by": decision.get("by"), "comment": decision.get("comment")}
-        arguments = decision.get("artifact") or arguments
-    return effect(f"pay_invoice:{call_id}", "payments", credential=state.get("credential", "default"),
-                  **{key: arguments[key] for key in ("amount", "currency", "customer", "description")
-                     if key in arguments})
+        edited = decision.get("artifact")
+        if edited is not None:  # as the decider left it: what they approved, checked again
+            if not isinstance(edited, dict) or not isinstance(edited.get("amount"), int) \
+                    or edited["amount"] <= 0:
+                return {"error": "the approved payment has no valid amount; it was not made"}
+            charge = {key: edited[key] for key in PAYMENT_FIELDS if key in edited}
+    return effect(f"pay_invoice:{call_id}"[:200], "payments", credential=CREDENTIAL, **charge)
 
 
 def email_requester(state: InvoiceState, call_id: str, arguments: dict) -> dict:
-    return effect(f"email_requester:{call_id}", "email", to=state["requester"],
+    return effect(f"email_requester:{call_id}"[:200], "email", to=state["requester"],
                   subject=str(arguments.get("subject", ""))[:200], body=str(arguments.get("body", "")))
 
 

@@ -24,8 +24,10 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
+from django.conf import settings
 from django.db import connection
 from langgraph.config import get_config
 from langgraph.graph import StateGraph
@@ -34,6 +36,7 @@ from langgraph.types import Command, StateSnapshot
 
 from ..agents import Agent
 from ..engine import StepContext
+from ..models import Run
 from ..transitions import Transition, finish, goto, wait_for_approval, wait_for_event
 from .saver import Fence, PlatformSaver
 
@@ -41,6 +44,9 @@ START = "__start__"
 MARK = "langgraph"  # the state key that says where the graph's thread was after the step
 ANSWERS = ("interrupt", "approval", "event", "timed_out")  # what one park leaves in the state
 TITLE_MAX_CHARS = 200
+TIMEOUT_MAX_SECONDS = 365 * 24 * 3600
+FORK_DEPTH_MAX = 32  # forks of forks followed back to the thread a fork's state names
+INT64 = (-(2**63), 2**64 - 1)  # what msgpack stores (unsigned up to 2**64 - 1)
 
 
 def graph_agent_define(agent: Agent, build: Any) -> None:
@@ -98,15 +104,15 @@ def _graph_step(graph: Pregel) -> Callable[[StepContext, Any], Transition]:
         pregel = graph.copy(update={"checkpointer": saver})
         config = {"configurable": {"thread_id": thread}}
         mark = state.get(MARK)
-        if mark and mark["thread"] != thread:  # a fork: on from the source's checkpoint
+        if _forked_from(mark, ctx.run_id):  # a fork: on from the source's checkpoint
             if saver.get_tuple(config) is None:
                 saver.copy_thread(mark["thread"], thread)
             config["configurable"]["checkpoint_id"] = mark["checkpoint"]
         snapshot = pregel.get_state(config)
         if not snapshot.created_at:
-            payload = ctx.input
+            payload = graph_safe(ctx.input)
         elif (answer := _answer(state, snapshot)) is not None:
-            payload = Command(resume={state["interrupt"]: answer})
+            payload = Command(resume={state["interrupt"]: graph_safe(answer)})
         elif snapshot.next or snapshot.interrupts:
             payload = None
         else:  # finished already (the worker died before the platform's checkpoint)
@@ -119,6 +125,23 @@ def _graph_step(graph: Pregel) -> Callable[[StepContext, Any], Transition]:
         return _transition(pregel.get_state({"configurable": {"thread_id": thread}}), thread)
 
     return graph_superstep
+
+
+def _forked_from(mark: Any, run_id: UUID) -> bool:
+    """Whether `mark` (the graph's place, from the state) names a thread this run was forked
+    from: its source, or the source's source... The state starts as the run's input, which
+    a tenant writes: a mark naming any other thread is not followed (it would copy another
+    run's thread, parked at an interrupt, and answer it)."""
+    if not isinstance(mark, dict) or mark.get("thread") == str(run_id):
+        return False
+    source = Run.objects.filter(id=run_id).values_list("forked_from_id", flat=True).first()
+    for _ in range(FORK_DEPTH_MAX):
+        if source is None:
+            return False
+        if str(source) == mark.get("thread"):
+            return isinstance(mark.get("checkpoint"), str)
+        source = Run.objects.filter(id=source).values_list("forked_from_id", flat=True).first()
+    return False
 
 
 def _answer(state, snapshot: StateSnapshot) -> Any:
@@ -154,7 +177,8 @@ def _transition(snapshot: StateSnapshot, thread: str) -> Transition:
             return wait_for_event(str(event.get("kind", "")), str(event.get("key", "")), **waits)
         return wait_for_approval(_request(node, interrupt.value), **waits)
     if not snapshot.next:
-        return finish(_jsonable(snapshot.values), update=update)
+        return finish(_bounded(_jsonable(snapshot.values), "the graph's final state"),
+                      update=update)
     return goto(snapshot.next[0], update=update)
 
 
@@ -168,7 +192,7 @@ def _interrupted_node(snapshot: StateSnapshot, interrupt_id: str) -> str:
 def _timeout(value: dict) -> timedelta | None:
     seconds = value.get("timeout_seconds")
     if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
-        return timedelta(seconds=seconds)
+        return timedelta(seconds=min(seconds, TIMEOUT_MAX_SECONDS))  # inf, 1e300: a year
     return None
 
 
@@ -176,10 +200,11 @@ def _request(node: str, value: Any) -> dict:
     """The approval an interrupt asks for: its `title` (else one naming the node), its
     `artifact` (else the whole value) and, when given, its `deciders`."""
     if not isinstance(value, dict):
-        return {"title": f"{node} asks for a decision", "artifact": _jsonable(value)}
+        return {"title": f"{node} asks for a decision",
+                "artifact": _bounded(_jsonable(value), "the interrupt's value")}
     title = value.get("title")
     request = {"title": str(title)[:TITLE_MAX_CHARS] if title else f"{node} asks for a decision",
-               "artifact": _jsonable(value.get("artifact", value))}
+               "artifact": _bounded(_jsonable(value.get("artifact", value)), "the artifact")}
     if isinstance(value.get("deciders"), list):
         request["deciders"] = [str(decider) for decider in value["deciders"]]
     return request
@@ -189,6 +214,28 @@ def _jsonable(value: Any) -> Any:
     """The graph's values as JSON (the run's result, an approval's artifact): pydantic models
     and dataclasses as their fields, anything else unknown as its text."""
     return json.loads(json.dumps(value, default=_json_default))
+
+
+def _bounded(value: Any, what: str) -> Any:
+    """`value`, or a note in its place if its JSON is over RUN_STATE_MAX_BYTES (the graph's
+    thread keeps it whole)."""
+    size = len(json.dumps(value))
+    if size <= settings.RUN_STATE_MAX_BYTES:
+        return value
+    return {"omitted": f"{what} is {size} bytes as JSON, over RUN_STATE_MAX_BYTES "
+                       f"({settings.RUN_STATE_MAX_BYTES}); the graph's thread holds it"}
+
+
+def graph_safe(value: Any) -> Any:
+    """A tenant's JSON (input, a decision, an event's payload) as LangGraph's serializer takes
+    it: integers beyond 64 bits, which JSON allows and msgpack refuses, become their text."""
+    if isinstance(value, dict):
+        return {key: graph_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [graph_safe(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        return str(value)
+    return value
 
 
 def _json_default(value: Any) -> Any:

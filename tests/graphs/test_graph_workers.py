@@ -60,15 +60,15 @@ def test_the_example_parks_on_its_payment_is_decided_in_the_inbox_and_pays_once(
         acme, acme_api, scripted_model, fake_stripe, smtp_server, worker):  # noqa: F811
     scripted_model.script(json.loads(SCRIPT.read_text())["scripts"])
     with tenant_context(acme):
-        credential_set(connector="model", label="demo",
+        credential_set(connector="model", label="invoice-graph",
                        secrets={"api_key": "sk-scripted", "base_url": scripted_model.base_url})
-        credential_set(connector="payments", label="demo",
+        credential_set(connector="payments", label="invoice-graph",
                        secrets={"secret_key": "sk_test_graph", "api_url": fake_stripe.url})
         credential_set(connector="email", secrets={"host": "127.0.0.1", "port": smtp_server.port})
     requester = f"ada-{uuid.uuid4().hex[:6]}@acme.test"
     started = acme_api.post("/api/v1/runs", {"agent": "invoice-graph", "input": {
         "invoice": {"filename": "INV-2041.txt", "content": INVOICE}, "requester": requester,
-        "model": "invoice-graph-script", "credential": "demo"}}, format="json")
+        "model": "invoice-graph-script"}}, format="json")
     assert started.status_code == 201, started.content
     run_id = started.json()["id"]
 

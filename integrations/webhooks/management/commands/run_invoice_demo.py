@@ -50,12 +50,13 @@ def demo_agents_define(*, model_url: str, model_key: str, model_name: str, payme
                        payments_key: str, sender: str) -> tuple[int, bool]:
     """The demo's credentials and the invoice-triage definition in the current tenant:
     (version, whether this call made it)."""
-    credential_set(connector="model", label="demo",
-                   secrets={"api_key": model_key, "base_url": model_url.rstrip("/")})
     payments = {"secret_key": payments_key}
     if payments_url:  # none: Stripe itself (with a real sk_test_ key)
         payments["api_url"] = payments_url.rstrip("/")
-    credential_set(connector="payments", label="demo", secrets=payments)
+    for label in ("demo", GRAPH_AGENT):  # the LangGraph example's label is its own name
+        credential_set(connector="model", label=label,
+                       secrets={"api_key": model_key, "base_url": model_url.rstrip("/")})
+        credential_set(connector="payments", label=label, secrets=payments)
     if not credential_list().filter(connector="email", label="default").exists():
         # No host: the platform's SMTP relay sends it, with the tenant's address as Reply-To.
         credential_set(connector="email", secrets={"from": sender})
@@ -166,7 +167,7 @@ def graph_demo(*, say, url: str, tenant: str, owner: str, requester: str, model_
     (platform/agents/invoice_graph.py), with the same credentials."""
     run = run_start(agent=GRAPH_AGENT, by="run_invoice_demo", input={
         "invoice": {"filename": INVOICE_FILE.name, "content": INVOICE_FILE.read_text()},
-        "requester": requester, "model": model_name, "credential": "demo"}).run
+        "requester": requester, "model": model_name}).run
     say(f"LangGraph demo: {GRAPH_AGENT}, a LangGraph graph run as a platform agent (one step "
         f"per superstep, checkpoints in the tenant's schema). Run {run.id} started.")
     run = _until(run, lambda r: r.status in (Run.Status.WAITING, *Run.FINISHED), timeout)
