@@ -72,7 +72,7 @@ DATABASES = {
         "DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/agentplatform"
     )
 }
-DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
+DATABASES["default"]["ENGINE"] = "agentplatform.tenant_database"
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Only statements executed with prepare=True (the engine's checkpoint write) are prepared; a
@@ -80,6 +80,10 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # pooler without prepared-statement support, e.g. PgBouncer < 1.21 in transaction mode).
 if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
+# PostgreSQL itself (default: DATABASE_URL), for what a transaction pool cannot carry: session
+# advisory locks (the one beat, a data key's rotation) and making or dropping databases.
+DATABASE_DIRECT = (env.db_url("DATABASE_DIRECT_URL") if env("DATABASE_DIRECT_URL", default="")
+                   else DATABASES["default"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 MIDDLEWARE = [

@@ -1,0 +1,122 @@
+"""django-tenants' PostgreSQL backend with the tenant's schema selected inside every statement's
+own transaction, so that it holds behind a transaction pool (docs/decisions/0022).
+
+django-tenants sends `SET search_path` as a statement of its own, a session setting: behind
+PgBouncer in transaction mode that statement and the query that follows it may run on two
+different server connections, and the setting stays on the first for whichever client borrows
+it next. Here each statement carries `SET LOCAL search_path` in the same message (one round
+trip): outside a transaction the two run as one implicit transaction, inside one the setting
+lasts until it ends. Nothing session-wide is ever left on a server connection.
+"""
+
+import re
+from contextlib import contextmanager
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.postgresql.base import Cursor
+from django.db.backends.postgresql.introspection import DatabaseIntrospection
+from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+from django_tenants.utils import quote_schema_name
+from psycopg import sql
+
+# Statements PostgreSQL refuses inside a transaction block (an implicit one included).
+# They get django-tenants' session setting instead: right straight to PostgreSQL only.
+NOT_IN_A_TRANSACTION = re.compile(
+    r"\s*(VACUUM|(CREATE|DROP)\s+(DATABASE|TABLESPACE)|ALTER\s+SYSTEM"
+    r"|REINDEX\s+(\(.*?\)\s*)?(SYSTEM|DATABASE)|[^;]*\bCONCURRENTLY\b)",
+    re.IGNORECASE)
+
+
+class SchemaCursor(Cursor):
+    """Django's psycopg cursor (client-side binding, so a statement goes in one simple-protocol
+    message) that runs each statement after `search_path`, the connection's `SET LOCAL`."""
+
+    search_path = ""
+
+    def execute(self, query, params=None, **kwargs):
+        if not self.search_path or self._outside_transactions(query):
+            if self.search_path:
+                super().execute(self.search_path.replace("SET LOCAL", "SET", 1))
+            return super().execute(query, params, **kwargs)
+        prefix = self.search_path + "; "
+        if isinstance(query, sql.Composable):
+            query = sql.SQL(prefix) + query
+        elif isinstance(query, bytes):
+            query = prefix.encode() + query
+        else:
+            query = (prefix if params is None else prefix.replace("%", "%%")) + query
+        super().execute(query, params, **kwargs)
+        self.nextset()  # the statement's own result, not the SET's
+        return self
+
+    def executemany(self, query, params_seq, **kwargs):
+        if not self.search_path:
+            return super().executemany(query, params_seq, **kwargs)
+        if self.connection.autocommit:
+            with self.connection.transaction():
+                super().execute(self.search_path)
+                return super().executemany(query, params_seq, **kwargs)
+        super().execute(self.search_path)
+        return super().executemany(query, params_seq, **kwargs)
+
+    @staticmethod
+    def _outside_transactions(query) -> bool:
+        text = query.decode() if isinstance(query, bytes) else query
+        return isinstance(text, str) and NOT_IN_A_TRANSACTION.match(text) is not None
+
+
+class SchemaIntrospection(DatabaseIntrospection):
+    """Tables of the selected schema only, as django-tenants' introspection finds them, without
+    its session `SET search_path` round trips: the statements run with the schema alone."""
+
+    @contextmanager
+    def _schema_only(self, cursor):
+        raw = getattr(cursor, "cursor", cursor)  # under Django's CursorWrapper
+        saved = raw.search_path
+        raw.search_path = f"SET LOCAL search_path = {quote_schema_name(self.connection.schema_name)}"
+        try:
+            yield
+        finally:
+            raw.search_path = saved
+
+    def get_table_list(self, cursor):
+        with self._schema_only(cursor):
+            return super().get_table_list(cursor)
+
+    def get_table_description(self, cursor, table_name):
+        with self._schema_only(cursor):
+            return super().get_table_description(cursor, table_name)
+
+    def get_sequences(self, cursor, table_name, table_fields=()):
+        with self._schema_only(cursor):
+            return super().get_sequences(cursor, table_name, table_fields)
+
+    def get_relations(self, cursor, table_name):
+        with self._schema_only(cursor):
+            return super().get_relations(cursor, table_name)
+
+    def get_constraints(self, cursor, table_name):
+        with self._schema_only(cursor):
+            return super().get_constraints(cursor, table_name)
+
+
+class DatabaseWrapper(TenantsDatabaseWrapper):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.introspection = SchemaIntrospection(self)
+
+    def get_connection_params(self):
+        params = super().get_connection_params()
+        params["cursor_factory"] = SchemaCursor
+        return params
+
+    def _cursor(self, name=None):
+        if name:  # a server-side cursor: django-tenants' session setting (never behind a
+            return super()._cursor(name)  # transaction pool: DISABLE_SERVER_SIDE_CURSORS there)
+        if not self.schema_name:
+            raise ImproperlyConfigured("Database schema not set. Did you forget to call "
+                                       "set_schema() or set_tenant()?")
+        cursor = super(TenantsDatabaseWrapper, self)._cursor()
+        paths = ", ".join(quote_schema_name(path) for path in self._get_cursor_search_paths())
+        cursor.cursor.search_path = f"SET LOCAL search_path = {paths}"  # under Django's wrapper
+        return cursor
