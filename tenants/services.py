@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
+from agentplatform.direct_connection import direct_connect
 from agentplatform.errors import ServiceError
 from agentplatform.s3 import s3_client
 from agentplatform.trees import tree_remove
@@ -281,19 +282,16 @@ def data_key_for_write(*, tenant: Tenant) -> tuple[int, bytes]:
 @contextmanager
 def data_key_rotation_lock(*, tenant: Tenant) -> Iterator[None]:
     """Held by one rotation of the tenant's data key at a time (a session advisory lock: a
-    rotation spans many transactions), so two cannot retire each other's new version."""
+    rotation spans many transactions), so two cannot retire each other's new version. On a
+    connection of its own to PostgreSQL itself, never a transaction pool; closing it unlocks."""
     name = f"agentplatform.data-key-rotation:{tenant.pk}"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
-        if not cursor.fetchone()[0]:
+    with direct_connect(application_name="agentplatform-data-key-rotation") as lock:
+        if not lock.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                            [name]).fetchone()[0]:
             raise TenantError(f"a rotation of the data key of {tenant.schema_name} is already "
                               "running; run it again when that one has finished",
                               code="data_key_rotation_running")
-    try:
         yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
 
 
 def _data_key_unwrap(*, tenant: Tenant, row: TenantKey) -> bytes:

@@ -80,6 +80,14 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # pooler without prepared-statement support, e.g. PgBouncer < 1.21 in transaction mode).
 if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
+# DATABASE_URL may be a transaction pool (PgBouncer pool_mode=transaction): the schema is
+# selected inside each statement's transaction anyway (agentplatform/tenant_database), but a
+# server-side cursor (`.iterator()`) outlives its transaction, so there are none behind one.
+DATABASE_POOL_MODE = env.str("DATABASE_POOL_MODE", default="session")
+if DATABASE_POOL_MODE not in ("session", "transaction"):
+    raise ImproperlyConfigured("DATABASE_POOL_MODE is session (PostgreSQL itself or a session "
+                               "pool) or transaction")
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = DATABASE_POOL_MODE == "transaction"
 # PostgreSQL itself (default: DATABASE_URL), for what a transaction pool cannot carry: session
 # advisory locks (the one beat, a data key's rotation) and making or dropping databases.
 DATABASE_DIRECT = (env.db_url("DATABASE_DIRECT_URL") if env("DATABASE_DIRECT_URL", default="")
@@ -276,7 +284,7 @@ CELERY_BEAT_SCHEDULE = {
 # transaction pool (a session lock there belongs to whichever client borrows the connection).
 CELERY_BEAT_SCHEDULER = "agentplatform.beat:OneBeatScheduler"
 BEAT_LOCK_DATABASE = (env.db_url("BEAT_LOCK_DATABASE_URL") if env("BEAT_LOCK_DATABASE_URL", default="")
-                      else DATABASES["default"])
+                      else DATABASE_DIRECT)
 
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
