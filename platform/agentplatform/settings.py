@@ -291,6 +291,10 @@ RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
 RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
 RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
 RUN_HEARTBEAT_SECONDS = env.float("RUN_HEARTBEAT_SECONDS", default=RUN_LEASE_SECONDS / 3)
+# How often a running run's row (steps_taken, active_seconds, updated_at, its lease) is written
+# by its checkpoints; the checkpoints between only lock it (FOR SHARE) to fence. What the API
+# shows of a running run's counters lags by up to this much; parking and ending write them.
+RUN_COUNTERS_SECONDS = env.float("RUN_COUNTERS_SECONDS", default=min(1.0, RUN_LEASE_SECONDS / 4))
 # Fair dispatch (dispatch/services.py): how much is handed to workers at once.
 DISPATCH_MAX_IN_FLIGHT = env.int("DISPATCH_MAX_IN_FLIGHT", default=16)
 RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)

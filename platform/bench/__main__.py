@@ -21,9 +21,11 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m bench {{{','.join(BENCHMARKS)}}} [options]  (NAME --help for more)",
               file=sys.stderr)
         return 2
+    # Before the module is imported: importing the project (agentplatform.celery) would
+    # default it to the development settings, and their database.
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     module = importlib.import_module(BENCHMARKS[argv[0]])
     if not getattr(module, "OWN_DJANGO_SETUP", False):  # else it picks its own database
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
         import django
 
         django.setup()

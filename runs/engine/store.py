@@ -96,18 +96,27 @@ def _prepared(sql: str, params: list[Any]) -> tuple | None:
         return cursor.fetchone()
 
 
-def checkpoint_commit(*, run: Run, epoch: int, position: "Position", **run_fields) -> bool:
-    """Write a checkpoint, its new log entries and the run's counters in one statement, fenced
-    on the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
-    Returns whether a cancel was requested."""
-    assignments, params = _run_assignments(run, run_fields)
+def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: bool = True,
+                      **run_fields) -> bool:
+    """Write a checkpoint, its new log entries and, if `touch_run` (or `run_fields`), the run's
+    counters and lease in one statement, fenced on the lease epoch: if the epoch moved on,
+    nothing is written and LeaseLost is raised. Untouched, the run row is only read FOR SHARE:
+    a takeover's claim (an UPDATE of the row) waits for this commit, so the fence holds, and
+    the step writes no new version of the run row. Returns whether a cancel was requested."""
     entries, outbox = position.pending_entries, position.pending_outbox
     schema = connection.schema_name
+    if touch_run or run_fields:
+        assignments, params = _run_assignments(run, run_fields)
+        fence = f"""UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
+                     WHERE id = %s AND lease_epoch = %s
+                 RETURNING id, cancel_requested"""
+    else:
+        params = []
+        fence = f"""SELECT id, cancel_requested FROM "{schema}".{Run._meta.db_table}
+                     WHERE id = %s AND lease_epoch = %s FOR SHARE"""
     sql = f"""
         WITH fence AS (
-            UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
-             WHERE id = %s AND lease_epoch = %s
-         RETURNING id, cancel_requested
+            {fence}
         ), checkpoint AS (
             INSERT INTO "{schema}".{Checkpoint._meta.db_table}
                    (run_id, visit, step, state, log_offsets, agent_version, topology_hash,

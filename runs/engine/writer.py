@@ -58,6 +58,7 @@ class CheckpointWriter:
         self._future: Future | None = None
         self._in_flight: deque[Future] = deque()  # async writes not yet known to be committed
         self._executor: ThreadPoolExecutor | None = None
+        self._touch_due = 0.0  # when the run row is written next (time.perf_counter)
         if self.mode == Run.Durability.ASYNC:
             schema = connection.schema_name
             self._executor = ThreadPoolExecutor(
@@ -152,9 +153,14 @@ class CheckpointWriter:
 
     def _commit(self, position: Position, **run_fields) -> None:
         started = time.perf_counter()
+        # The run row (counters, lease, "progress made") is written with the first checkpoint
+        # and then at most every RUN_COUNTERS_SECONDS; the others only lock it to fence.
+        touch = started >= self._touch_due
         self.cancel_requested |= checkpoint_commit(
-            run=self.run, epoch=self.epoch, position=position, **run_fields
+            run=self.run, epoch=self.epoch, position=position, touch_run=touch, **run_fields
         )
+        if touch:
+            self._touch_due = started + settings.RUN_COUNTERS_SECONDS
         checkpoint_write_duration.record(time.perf_counter() - started, {"durability": self.mode})
         position.pending_entries, position.pending_outbox = [], []
 
