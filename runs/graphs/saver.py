@@ -149,10 +149,14 @@ class SaverCore(BaseCheckpointSaver[str]):
         thread_id, ns = str(conf["thread_id"]), conf.get("checkpoint_ns", "")
         where = ["c.thread_id = %(thread_id)s", "c.checkpoint_ns = %(checkpoint_ns)s"]
         params = {"thread_id": thread_id, "checkpoint_ns": ns}
+        # The latest is the one written last, by the database's clock: a checkpoint id is the
+        # writer's wall clock, and a worker whose clock is behind the previous writer's would
+        # otherwise put its checkpoint under its parent (and a graph run would end early).
+        order = "c.created_at DESC, c.checkpoint_id DESC"
         if checkpoint_id := get_checkpoint_id(config):
             where.append("c.checkpoint_id = %(checkpoint_id)s")
             params["checkpoint_id"] = checkpoint_id
-        rows = yield self._select(where, params, limit=1)
+        rows = yield self._select(where, params, limit=1, order=order)
         tuples, values = yield from self._tuples(rows)
         if not tuples:
             return None
@@ -188,7 +192,8 @@ class SaverCore(BaseCheckpointSaver[str]):
         tuples, _ = yield from self._tuples(rows)
         return tuples
 
-    def _select(self, where: list[str], params: dict[str, Any], limit: int | None) -> Query:
+    def _select(self, where: list[str], params: dict[str, Any], limit: int | None,
+                order: str = "c.checkpoint_id DESC") -> Query:
         """Checkpoint rows, newest first, each with its pending writes in the order LangGraph
         applies them (`writes_sort_key`: task path, task id, index; byte order, as Python's)."""
         params = {**params, "limit": limit}
@@ -203,7 +208,7 @@ class SaverCore(BaseCheckpointSaver[str]):
                           ORDER BY w.task_path COLLATE "C", w.task_id COLLATE "C", w.idx)
               FROM {self.checkpoints} c
              {"WHERE " + " AND ".join(where) if where else ""}
-             ORDER BY c.checkpoint_id DESC
+             ORDER BY {order}
              {"" if limit is None else "LIMIT %(limit)s"}""", params)
 
     def _tuples(self, rows: Rows) -> Steps:
@@ -596,6 +601,9 @@ class PlatformSaver(SaverCore):
                 cursor.execute(query.sql, query.params, prepare=query.prepare or None)
                 rows = cursor.fetchall() if cursor.description else []
 
+    def setup(self) -> None:
+        """Nothing to do: the tables are made by the tenant's migrations, never at run time."""
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._run(self._get_tuple_op(config))
 
@@ -626,11 +634,13 @@ class PlatformSaver(SaverCore):
 
 
 def _settings_connect_kwargs() -> dict[str, Any]:
-    """psycopg's connection arguments for Django's default database."""
+    """psycopg's connection arguments for Django's default database, preparing statements as it
+    does (only the hot path's, and none behind a pooler without them: DATABASE_PREPARED_STATEMENTS)."""
     db = settings.DATABASES["default"]
     kwargs = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
               "host": db["HOST"], "port": db["PORT"]}
-    return {key: value for key, value in kwargs.items() if value}
+    return {**{key: value for key, value in kwargs.items() if value},
+            "prepare_threshold": db.get("OPTIONS", {}).get("prepare_threshold")}
 
 
 class AsyncPlatformSaver(SaverCore):
@@ -666,6 +676,9 @@ class AsyncPlatformSaver(SaverCore):
                         return done.value
                     await cursor.execute(query.sql, query.params, prepare=query.prepare or None)
                     rows = await cursor.fetchall() if cursor.description else []
+
+    async def setup(self) -> None:
+        """Nothing to do: the tables are made by the tenant's migrations, never at run time."""
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(self._get_tuple_op(config))

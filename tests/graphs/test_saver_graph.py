@@ -30,7 +30,9 @@ def chat_graph(saver: PlatformSaver):
 
 
 def test_a_graph_runs_on_the_saver_from_its_background_threads_and_resumes_from_it(in_acme):
-    graph = chat_graph(PlatformSaver())
+    saver = PlatformSaver()
+    saver.setup()  # as LangGraph's docs have it: nothing to do, the migrations made the tables
+    graph = chat_graph(saver)
     config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 100}
     result = graph.invoke({"messages": [], "count": 0}, config, durability="async")
     assert result["count"] == 40 and len(result["messages"]) == 40
