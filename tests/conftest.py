@@ -37,10 +37,10 @@ def _admin_dsn(db: dict) -> str:
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_blocker):
-    db = settings.DATABASES["default"]
-    name = db["NAME"]
+    name = settings.DATABASES["default"]["NAME"]
     assert name.endswith("_test"), f"refusing to recreate {name!r}: test databases end in _test"
-    with psycopg.connect(_admin_dsn(db), autocommit=True) as admin:
+    # PostgreSQL itself, even when the tests go through a pooler (TEST_POOLER_URL)
+    with psycopg.connect(_admin_dsn(settings.DATABASE_DIRECT), autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name]
         )

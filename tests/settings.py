@@ -18,9 +18,17 @@ if os.environ.get("TEST_SLOT_SHARD", "gw0") != _SHARD:  # a shard's own processe
         raise RuntimeError(f"test slot {SLOT} is out of range: use TEST_SLOT 0-5 with two shards")
 os.environ["TEST_SLOT"], os.environ["TEST_SLOT_SHARD"] = str(SLOT), _SHARD
 # Assigned, not defaulted: a developer's DATABASE_URL must never be the one the tests drop.
-os.environ["DATABASE_URL"] = os.environ.get(
+os.environ["DATABASE_URL"] = os.environ["DATABASE_DIRECT_URL"] = os.environ.get(
     "TEST_DATABASE_URL", f"postgres://postgres@127.0.0.1:5432/agentplatform{SLOT or ''}_test"
 )
+# TEST_POOLER_URL (`deploy/dev test` with POOLER=pgbouncer: postgres://user@host:port of a
+# transaction pool): the test processes, workers included, reach the same database through it;
+# making and dropping it and the session locks go to PostgreSQL itself (DATABASE_DIRECT_URL).
+if os.environ.get("TEST_POOLER_URL"):
+    os.environ["DATABASE_URL"] = (os.environ["TEST_POOLER_URL"].rstrip("/") + "/"
+                                  + os.environ["DATABASE_DIRECT_URL"].rsplit("/", 1)[1])
+    os.environ.setdefault("DATABASE_POOL_MODE", "transaction")
+    os.environ.setdefault("DATABASE_PREPARED_STATEMENTS", "0")  # 1 with PgBouncer 1.21+
 os.environ["CELERY_BROKER_URL"] = os.environ.get(
     "TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - SLOT}"
 )

@@ -1,5 +1,5 @@
 """deploy/dev's `ensure_debs`: Debian packages are installed only when their command is missing
-(bubblewrap for `bwrap`, chromium for the browser tests, graphviz for `dot`), with one
+(bubblewrap for `bwrap`, chromium for the browser tests, graphviz for `dot`, pgbouncer), with one
 `apt-get update` for all of them, non-interactively; nothing runs when all are present. The
 function runs as it is in the script, against an apt-get that only records its calls."""
 
@@ -31,15 +31,20 @@ def ensure_debs(tmp_path, present: list[str]) -> list[str]:
 
 
 def test_nothing_is_installed_when_every_command_is_present(tmp_path):
-    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot"]) == []
+    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot", "pgbouncer"]) == []
 
 
 def test_missing_chromium_and_dot_are_installed_in_one_go(tmp_path):
-    assert ensure_debs(tmp_path, ["bwrap"]) == [
+    assert ensure_debs(tmp_path, ["bwrap", "pgbouncer"]) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -qq",
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium graphviz"]
 
 
 def test_only_the_missing_package_is_installed(tmp_path):
-    assert ensure_debs(tmp_path, ["chromium", "dot"])[-1] == (
+    assert ensure_debs(tmp_path, ["chromium", "dot", "pgbouncer"])[-1] == (
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap")
+
+
+def test_a_missing_pgbouncer_is_installed(tmp_path):
+    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot"])[-1] == (
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer")

@@ -9,8 +9,9 @@ from django.core.management import call_command
 
 
 def server_dsn(dbname: str) -> str:
-    """A libpq connection string for `dbname` on the server of Django's default database."""
-    db = settings.DATABASES["default"]
+    """A libpq connection string for `dbname` on the PostgreSQL server of Django's default
+    database (itself, not a pooler in front of it: DATABASE_DIRECT)."""
+    db = settings.DATABASE_DIRECT
     parts = {"host": db["HOST"] or "127.0.0.1", "port": db["PORT"] or 5432,
              "user": db["USER"] or "postgres", "password": db["PASSWORD"], "dbname": dbname}
     return " ".join(f"{k}={v}" for k, v in parts.items() if v)
@@ -18,7 +19,7 @@ def server_dsn(dbname: str) -> str:
 
 def server_url(dbname: str) -> str:
     """The same as a URL (for clients that take only URLs)."""
-    db = settings.DATABASES["default"]
+    db = settings.DATABASE_DIRECT
     auth = db["USER"] or "postgres"
     if db["PASSWORD"]:
         auth += f":{db['PASSWORD']}"

@@ -8,9 +8,17 @@ import base64
 import os
 import secrets
 
-os.environ["DATABASE_URL"] = os.environ.get(
+os.environ["DATABASE_URL"] = os.environ["DATABASE_DIRECT_URL"] = os.environ.get(
     "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentplatform_bench"
 )
+# BENCH_POOLER_URL (postgres://user@host:port of a transaction pool, e.g. deploy/pgbouncer):
+# the benchmark's processes reach the same database through it; making and dropping it and the
+# session locks go to PostgreSQL itself (DATABASE_DIRECT_URL).
+if os.environ.get("BENCH_POOLER_URL"):
+    os.environ["DATABASE_URL"] = (os.environ["BENCH_POOLER_URL"].rstrip("/") + "/"
+                                  + os.environ["DATABASE_DIRECT_URL"].rsplit("/", 1)[1])
+    os.environ.setdefault("DATABASE_POOL_MODE", "transaction")
+    os.environ.setdefault("DATABASE_PREPARED_STATEMENTS", "0")  # 1 with PgBouncer 1.21+
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(40))
 os.environ.setdefault("AGENTPLATFORM_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
 os.environ.setdefault("LOG_LEVEL", "WARNING")
