@@ -1,5 +1,6 @@
 """Where a run is (`Position`), and the durability-mode writer that makes positions checkpoints."""
 
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -59,6 +60,7 @@ class CheckpointWriter:
         self._in_flight: deque[Future] = deque()  # async writes not yet known to be committed
         self._executor: ThreadPoolExecutor | None = None
         self._touch_due = 0.0  # when the run row is written next (time.perf_counter)
+        self._flushing = threading.Lock()
         if self.mode == Run.Durability.ASYNC:
             schema = connection.schema_name
             self._executor = ThreadPoolExecutor(
@@ -85,17 +87,19 @@ class CheckpointWriter:
             self._held = position
 
     def flush(self) -> None:
-        """Make everything handed over so far durable."""
-        self._wait()
-        if self._held is not None:
-            try:
-                self._commit(self._held)
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                self._failed = exc
-                raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
-            self._held = None
+        """Make everything handed over so far durable. Thread-safe: a step's effects may run
+        in threads of its own (a LangGraph superstep's parallel nodes), each flushing first."""
+        with self._flushing:
+            self._wait()
+            if self._held is not None:
+                try:
+                    self._commit(self._held)
+                except LeaseLost:
+                    raise
+                except Exception as exc:
+                    self._failed = exc
+                    raise CheckpointWriteFailed(f"checkpoint write failed: {exc}") from exc
+                self._held = None
 
     def unwritten_values(self, log_name: str) -> list[Any]:
         """Values of log entries handed over but not yet in the database, in order."""

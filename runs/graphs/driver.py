@@ -19,25 +19,27 @@ the graph's topology. A step drives the graph one superstep further under the ru
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from langgraph.config import get_config
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
 from ..agents import Agent
-from ..engine import StepContext
+from ..engine import LeaseLost, StepContext, StepError
 from ..models import Run
 from ..transitions import Transition, finish, goto, wait_for_approval, wait_for_event
+from .models import GraphBlob, GraphCheckpoint
 from .saver import Fence, PlatformSaver
 
 START = "__start__"
@@ -46,6 +48,7 @@ ANSWERS = ("interrupt", "approval", "event", "timed_out")  # what one park leave
 TITLE_MAX_CHARS = 200
 TIMEOUT_MAX_SECONDS = 365 * 24 * 3600
 FORK_DEPTH_MAX = 32  # forks of forks followed back to the thread a fork's state names
+SAVER_IDLE_CHECK_SECONDS = 5.0  # a checkpoint connection idle this long is checked first
 INT64 = (-(2**63), 2**64 - 1)  # what msgpack stores (unsigned up to 2**64 - 1)
 
 
@@ -99,32 +102,86 @@ def graph_topology_hash(graph: Pregel) -> str:
 def _graph_step(graph: Pregel) -> Callable[[StepContext, Any], Transition]:
     def graph_superstep(ctx: StepContext, state) -> Transition:
         thread = str(ctx.run_id)
-        saver = PlatformSaver(_saver_connection(), schema=connection.schema_name,
-                              fence=Fence(ctx.run_id, ctx.epoch))
-        pregel = graph.copy(update={"checkpointer": saver})
-        config = {"configurable": {"thread_id": thread}}
-        mark = state.get(MARK)
-        if _forked_from(mark, ctx.run_id):  # a fork: on from the source's checkpoint
-            if saver.get_tuple(config) is None:
-                saver.copy_thread(mark["thread"], thread)
-            config["configurable"]["checkpoint_id"] = mark["checkpoint"]
-        snapshot = pregel.get_state(config)
-        if not snapshot.created_at:
-            payload = graph_safe(ctx.input)
-        elif (answer := _answer(state, snapshot)) is not None:
-            payload = Command(resume={state["interrupt"]: graph_safe(answer)})
-        elif snapshot.next or snapshot.interrupts:
-            payload = None
-        else:  # finished already (the worker died before the platform's checkpoint)
-            return _transition(snapshot, thread)
-        token = _running.set(_Running(ctx, threading.get_ident(), connection.schema_name))
         try:
-            pregel.invoke(payload, config, interrupt_before="*", durability="sync")
-        finally:
-            _running.reset(token)
-        return _transition(pregel.get_state({"configurable": {"thread_id": thread}}), thread)
+            saver = PlatformSaver(_saver_connection(), schema=connection.schema_name,
+                                  fence=Fence(ctx.run_id, ctx.epoch))
+            pregel = graph.copy(update={"checkpointer": saver})
+            config = {"configurable": {"thread_id": thread}}
+            mark = state.get(MARK)
+            if _forked_from(mark, ctx.run_id):
+                _fork_thread(ctx, source=mark["thread"], at=mark["checkpoint"])
+            snapshot = pregel.get_state(config)
+            if not snapshot.created_at:
+                payload = graph_safe(ctx.input)
+            elif (answer := _answer(state, snapshot)) is not None:
+                payload = Command(resume={state["interrupt"]: graph_safe(answer)})
+            elif snapshot.next or snapshot.interrupts:
+                payload = None
+            else:  # finished already (the worker died before the platform's checkpoint)
+                return _transition(snapshot, thread)
+            token = _running.set(_Running(ctx, threading.get_ident(), connection.schema_name))
+            try:
+                pregel.invoke(payload, config, interrupt_before="*", durability="sync")
+            finally:
+                _running.reset(token)
+            return _transition(pregel.get_state(config), thread)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # The checkpoint connection, not the step, failed (a restart, a pooler's timeout):
+            # as any database outage, the run is retried later, not the step failed.
+            _saver_connections.conn = None
+            raise DatabaseError(f"the graph's checkpoint connection failed: {exc}") from exc
 
     return graph_superstep
+
+
+def _fork_thread(ctx: StepContext, *, source: str, at: str) -> None:
+    """A fork's thread, made once: the source thread's checkpoint `at` and its ancestors, with
+    every channel value, and no pending writes, so `at` is the head and the superstep after it
+    runs again under the fork (with the same task ids however often the step is retried).
+    Fenced on the fork's lease."""
+    if GraphCheckpoint.objects.filter(thread_id=str(ctx.run_id)).exists():
+        return
+    table = {model: f"{connection.ops.quote_name(connection.schema_name)}."
+                    f"{connection.ops.quote_name(model._meta.db_table)}"
+             for model in (GraphCheckpoint, GraphBlob, Run)}
+    checkpoints, blobs, runs = table[GraphCheckpoint], table[GraphBlob], table[Run]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"""
+            WITH RECURSIVE fence AS (
+                SELECT 1 FROM {runs} WHERE id = %(run)s AND lease_epoch = %(epoch)s FOR SHARE
+            ), chain AS (
+                SELECT checkpoint_id, parent_checkpoint_id FROM {checkpoints}
+                 WHERE thread_id = %(source)s AND checkpoint_ns = '' AND checkpoint_id = %(at)s
+                UNION ALL
+                SELECT c.checkpoint_id, c.parent_checkpoint_id
+                  FROM {checkpoints} c JOIN chain ON c.checkpoint_id = chain.parent_checkpoint_id
+                 WHERE c.thread_id = %(source)s AND c.checkpoint_ns = ''
+            ), copied AS (
+                INSERT INTO {checkpoints} (thread_id, checkpoint_ns, checkpoint_id,
+                       parent_checkpoint_id, type, checkpoint, channel_versions, metadata,
+                       created_at)
+                SELECT %(target)s, '', c.checkpoint_id, c.parent_checkpoint_id, c.type,
+                       c.checkpoint, c.channel_versions, c.metadata, c.created_at
+                  FROM {checkpoints} c, fence
+                 WHERE c.thread_id = %(source)s AND c.checkpoint_ns = ''
+                   AND c.checkpoint_id IN (SELECT checkpoint_id FROM chain)
+             RETURNING checkpoint_id
+            )
+            INSERT INTO {blobs} (thread_id, checkpoint_ns, channel, version, type, blob,
+                   base_version)
+            SELECT %(target)s, b.checkpoint_ns, b.channel, b.version, b.type, b.blob,
+                   b.base_version
+              FROM {blobs} b
+             WHERE b.thread_id = %(source)s AND b.checkpoint_ns = ''
+               AND EXISTS (SELECT 1 FROM copied WHERE checkpoint_id = %(at)s)
+            """, {"run": ctx.run_id, "epoch": ctx.epoch, "source": source, "at": at,
+                  "target": str(ctx.run_id)})
+    if GraphCheckpoint.objects.filter(thread_id=str(ctx.run_id), checkpoint_id=at).exists():
+        return
+    if not GraphCheckpoint.objects.filter(thread_id=source, checkpoint_id=at).exists():
+        raise StepError(f"this run is a fork of a graph run whose thread {source} no longer has "
+                        f"checkpoint {at}: it cannot go on from there")
+    raise LeaseLost(f"run {ctx.run_id}: lease epoch {ctx.epoch} was taken over (fork not copied)")
 
 
 def _forked_from(mark: Any, run_id: UUID) -> bool:
@@ -255,13 +312,21 @@ _saver_connections = threading.local()
 
 def _saver_connection() -> psycopg.Connection:
     """This worker thread's own connection for the graph's checkpoints. LangGraph writes them
-    from its executor threads, and a Django connection belongs to one thread."""
+    from its executor threads, and a Django connection belongs to one thread. One idle for a
+    while is asked first whether it still works (a restart or a pooler may have closed it)."""
     conn = getattr(_saver_connections, "conn", None)
+    idle = time.monotonic() - getattr(_saver_connections, "used_at", 0.0)
+    if conn is not None and not (conn.closed or conn.broken) and idle > SAVER_IDLE_CHECK_SECONDS:
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.Error:
+            conn.close()
     if conn is None or conn.closed or conn.broken:
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         conn = _saver_connections.conn = psycopg.connect(**params, autocommit=True)
+    _saver_connections.used_at = time.monotonic()
     return conn
 
 
@@ -275,7 +340,6 @@ class _Running:
     ctx: StepContext
     thread: int  # the step's own thread: the one whose database connection is the tenant's
     schema: str
-    models: dict[str, int] = field(default_factory=dict)  # model calls so far, per task
 
 
 _running: ContextVar[_Running | None] = ContextVar("graph_step", default=None)
@@ -292,10 +356,15 @@ def effect(name: str, connector: str, *, credential: str = "default", **args) ->
 def model(messages: list[dict], *, name: str | None = None, model: str | None = None,
           max_tokens: int = 1024, credential: str = "default", **options) -> dict:
     """In a node or `@task` of a graph the platform runs: a model call through the ledger
-    (as `ctx.model`), never made or paid for twice; `name` defaults to the task's n-th call."""
+    (as `ctx.model`), never made or paid for twice. Unnamed, a call is named by what it asks
+    (a digest of its arguments), so a node run again, by the platform or by LangGraph's own
+    retry, finds its answers whatever it asked before; the same question twice in one task
+    gets the one answer (name them to ask twice)."""
     running, key = _task()
-    running.models[key] = running.models.get(key, 0) + 1
-    name = name or f"model-{running.models[key]}"
+    if name is None:
+        asked = json.dumps([messages, model, max_tokens, credential, options], sort_keys=True,
+                           default=str)
+        name = "model-" + hashlib.sha256(asked.encode()).hexdigest()[:16]
     return _on_tenant_connection(running, lambda: running.ctx.model_at(
         key, messages, name=name, model=model, max_tokens=max_tokens, credential=credential,
         **options))

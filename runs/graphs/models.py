@@ -28,6 +28,9 @@ class GraphCheckpoint(models.Model):
 
     class Meta:
         db_table = "graphs_checkpoint"
+        # a thread's latest checkpoint is the one written last (saver.py: by the database clock)
+        indexes = [models.Index(fields=["thread_id", "checkpoint_ns", "-created_at"],
+                                name="graph_checkpoint_written")]
         constraints = [
             models.CheckConstraint(
                 condition=~models.Q(parent_checkpoint_id=models.F("checkpoint_id")),

@@ -5,17 +5,19 @@ waits, the graph's topology as the run's pin. Real workers: test_graph_workers.p
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from langgraph.graph import END, StateGraph
 
 from agentplatform.langgraph import effect
 from integrations.services import credential_set
+from runs import engine
 from runs.agents import Agent, UnknownAgent, registry
 from runs.approvals.models import Approval
 from runs.approvals.services import approval_decide, event_submit, wakeup_fire
 from runs.dispatch.models import Wakeup
 from runs.effects.models import Effect
+from runs.graphs import driver
 from runs.graphs.models import GraphCheckpoint
 from runs.models import Checkpoint, Run
 from runs.services import run_fork
@@ -51,12 +53,44 @@ def test_a_graph_runs_superstep_by_superstep_with_its_effects_once(webhook):
     assert GraphCheckpoint.objects.filter(thread_id=str(run.id)).count() >= 4
 
 
-def test_parallel_nodes_post_once_each(webhook):
-    done = finished(start("graph-fan", input={}).id)
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_parallel_nodes_post_once_each(webhook, durability):
+    # each effect first makes the held checkpoints durable: from two threads at once
+    done = finished(start("graph-fan", input={}, durability=durability).id)
     assert done.status == "succeeded", done.error
     assert sorted(done.result["posted"]) == [200, 200]
     sides = sorted(event["side"] for event in webhook.events.values())
     assert sides == ["left", "right"] and webhook.state()["deliveries"] == 2
+    assert "step_error" not in kinds(done)
+
+
+def kill_saver_connection() -> None:
+    """What a restart or a pooler's timeout does to this thread's (a worker's) connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)",
+                       [driver._saver_connections.conn.info.backend_pid])
+
+
+def test_a_checkpoint_connection_lost_while_idle_is_replaced(webhook):
+    run = start("graph-pinger", input={"count": 2})
+    assert engine.advance(run_id=run.id, slice_seconds=0) == engine.Outcome.SLICE_USED
+    kill_saver_connection()
+    driver._saver_connections.used_at -= driver.SAVER_IDLE_CHECK_SECONDS  # idle a while
+    done = finished(run.id)
+    assert done.status == "succeeded", done.error
+    assert "step_error" not in kinds(done) and done.result["n"] == 2
+
+
+def test_a_checkpoint_connection_lost_in_a_step_retries_the_run_not_the_step(webhook):
+    run = start("graph-pinger", input={"count": 2})
+    assert engine.advance(run_id=run.id, slice_seconds=0) == engine.Outcome.SLICE_USED
+    kill_saver_connection()  # just used: not checked, so the step finds it dead
+    with pytest.raises(DatabaseError, match="checkpoint connection failed"):
+        engine.advance(run_id=run.id, slice_seconds=0)  # a worker's task: the run stays leased
+    done = finished(run.id)  # taken again once its lease expires, as the watchdog would
+    assert done.status == "succeeded", done.error
+    assert "step_error" not in kinds(done) and done.result["n"] == 2
+    assert webhook.state()["acted"] == 2
 
 
 def test_an_interrupt_is_an_approval_and_the_decision_resumes_the_node(in_acme):
@@ -150,7 +184,9 @@ def test_effects_outside_a_platform_run_say_why():
 
 
 def test_a_fork_goes_on_from_the_graphs_checkpoint_at_that_visit(webhook):
-    source = finished(start("graph-pinger", input={"count": 3}).id)
+    # its second ping fails once after posting: the retry finds the post in the ledger
+    source = finished(start("graph-pinger", input={"count": 3, "fail_at": 2}).id)
+    assert kinds(source).count("step_error") == 1
     assert steps_of(source)[2] == "ping"  # visit 2: after __start__ and the first ping
     fork = run_fork(run_id=source.id, visit=2, enqueue=False, by="test")
     done = finished(fork.id)
@@ -159,8 +195,23 @@ def test_a_fork_goes_on_from_the_graphs_checkpoint_at_that_visit(webhook):
     assert done.result["n"] == 3 and len(done.result["pings"]) == 3
     assert Effect.objects.filter(run=done).count() == 2 and webhook.state()["acted"] == 5
     assert GraphCheckpoint.objects.filter(thread_id=str(fork.id)).exists()
+    assert kinds(done).count("step_error") == 1  # the fork's retry, too, posted once
     assert finished(source.id).result == source.result  # the source is untouched
+    # only the source's history up to the fork point was copied, and no pending writes
+    copied = set(GraphCheckpoint.objects.filter(thread_id=str(fork.id))
+                 .values_list("checkpoint_id", flat=True))
+    source_ids = set(GraphCheckpoint.objects.filter(thread_id=str(source.id))
+                     .values_list("checkpoint_id", flat=True))
+    assert 0 < len(copied & source_ids) < len(source_ids)
 
+
+def test_a_fork_whose_source_thread_is_gone_fails_instead_of_starting_over(webhook):
+    source = finished(start("graph-pinger", input={"count": 2}).id)
+    fork = run_fork(run_id=source.id, visit=2, enqueue=False, by="test")
+    GraphCheckpoint.objects.filter(thread_id=str(source.id)).delete()
+    done = finished(fork.id)
+    assert done.status == "failed" and "no longer has checkpoint" in done.error
+    assert not Effect.objects.filter(run=done).exists()
 
 def test_a_run_input_cannot_answer_an_interrupt_or_take_another_runs_thread(in_acme):
     """The state starts as the run's input: a forged 'where the graph is' and a forged

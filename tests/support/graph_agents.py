@@ -4,6 +4,7 @@ import operator
 import time
 from typing import Annotated, TypedDict
 
+from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
@@ -15,14 +16,22 @@ from runs.agents import Agent, RetryPolicy
 class PingState(TypedDict, total=False):
     count: int
     seconds: float
+    fail_at: int  # the ping that raises once, after posting (per thread, in this process)
     n: int
     pings: Annotated[list, operator.add]
+
+
+FAILED_ONCE: set[tuple[str, int]] = set()
 
 
 def ping(state: PingState) -> dict:
     n = state.get("n", 0) + 1
     answer = effect("ping", "webhook", payload={"n": n})  # keyed on this task: once
     time.sleep(state.get("seconds", 0))  # a worker killed now has posted, not checkpointed
+    thread = get_config()["configurable"]["thread_id"]
+    if state.get("fail_at") == n and (thread, n) not in FAILED_ONCE:
+        FAILED_ONCE.add((thread, n))
+        raise ConnectionError("the node fails once after its effect")
     return {"n": n, "pings": [answer["status"]]}
 
 
