@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -140,6 +140,10 @@ class Upload:
     sealed_key: bytes  # the object's own key, to be wrapped with the tenant's data key
 
 
+# Runs whose rows are read at once: their uploads start while the next ones are read.
+ROWS_READ_AT_ONCE = 25
+
+
 def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], uploads: Executor,
                  client) -> ChunkArchived:
     """Archive finished runs (unless their policy says not to) and prune their hot rows, in one
@@ -158,26 +162,31 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
             locked = list(ended)
             if not locked:
                 return done  # finished meanwhile by another pass, or locked by one right now
-            rows = selectors.runs_rows(run_ids=locked)
-            counts = {run_id: {table: len(table_rows) for table, table_rows in rows[run_id].items()}
-                      for run_id in locked}
-            fields = {run_id: {"status": Archive.Status.DISCARDED} for run_id in locked}
-            sealing = [run_id for run_id in locked if policies[run_id].archive_required]
-            if sealing:
+            version = tenant_key = None
+            if any(policies[run_id].archive_required for run_id in locked):
                 # Held FOR SHARE until the Archive rows commit: a retirement of it waits and sees them.
                 version, tenant_key = data_key_for_write(tenant=tenant)
-                uploaded = runs_upload(schema=schema, rows=rows, run_ids=sealing, version=version,
-                                       uploads=uploads, client=client, failures=done.failures)
-                for run_id, upload in uploaded.items():
-                    fields[run_id] = {
-                        "status": Archive.Status.ARCHIVED, "object_key": upload.object_key,
-                        "sha256": upload.sha256, "size": upload.size,
-                        "sealed_key_version": version, "key_version": version,
-                        "wrapped_key": envelope.key_wrap(upload.sealed_key, tenant_key=tenant_key,
-                                                         tenant=schema, run_id=str(run_id),
-                                                         key_version=version)}
-                for run_id in set(sealing) - set(uploaded):
-                    del fields[run_id]  # failed (in done.failures), or never started: stays hot
+            counts: dict[UUID, dict[str, int]] = {}
+            uploading: dict[Future, UUID] = {}
+            for start in range(0, len(locked), ROWS_READ_AT_ONCE):
+                if store_unavailable(uploading):
+                    break  # the runs not read yet wait for the next pass
+                for run_id, rows in selectors.runs_rows(
+                        run_ids=locked[start:start + ROWS_READ_AT_ONCE]).items():
+                    counts[run_id] = {table: len(table_rows) for table, table_rows in rows.items()}
+                    if policies[run_id].archive_required:
+                        uploading[uploads.submit(run_upload, schema=schema, run_id=run_id,
+                                                 rows=rows, version=version, client=client)] = run_id
+            fields = {run_id: {"status": Archive.Status.DISCARDED} for run_id in counts
+                      if not policies[run_id].archive_required}
+            for run_id, upload in uploads_verified(uploading, failures=done.failures).items():
+                fields[run_id] = {
+                    "status": Archive.Status.ARCHIVED, "object_key": upload.object_key,
+                    "sha256": upload.sha256, "size": upload.size,
+                    "sealed_key_version": version, "key_version": version,
+                    "wrapped_key": envelope.key_wrap(upload.sealed_key, tenant_key=tenant_key,
+                                                     tenant=schema, run_id=str(run_id),
+                                                     key_version=version)}
             while fields:
                 try:
                     # A savepoint: a run whose rows changed is taken out, and the others pruned again.
@@ -202,16 +211,18 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
     return done
 
 
-def runs_upload(*, schema: str, rows: dict[UUID, dict[str, list[dict]]], run_ids: list[UUID],
-                version: int, uploads: Executor, client,
-                failures: dict[UUID, Exception]) -> dict[UUID, Upload]:
-    """Seal and upload the runs' archives concurrently; the verified ones, by run. A failure goes
-    into `failures`; once S3 is unavailable, uploads not yet started are not started."""
-    pending = {uploads.submit(run_upload, schema=schema, run_id=run_id, rows=rows[run_id],
-                              version=version, client=client): run_id for run_id in run_ids}
+def store_unavailable(uploading: dict[Future, UUID]) -> bool:
+    return any(future.done() and not future.cancelled()
+               and isinstance(future.exception(), ArchiveStoreUnavailable) for future in uploading)
+
+
+def uploads_verified(uploading: dict[Future, UUID], *,
+                     failures: dict[UUID, Exception]) -> dict[UUID, Upload]:
+    """Wait for the uploads; the verified ones, by run. A failure goes into `failures`; once S3 is
+    unavailable, uploads not yet started are cancelled (those runs wait for the next pass)."""
     uploaded: dict[UUID, Upload] = {}
-    for future in as_completed(pending):
-        run_id = pending[future]
+    for future in as_completed(uploading):
+        run_id = uploading[future]
         if future.cancelled():
             continue
         try:
@@ -219,7 +230,7 @@ def runs_upload(*, schema: str, rows: dict[UUID, dict[str, list[dict]]], run_ids
         except Exception as exc:
             failures[run_id] = exc
             if isinstance(exc, ArchiveStoreUnavailable):
-                for later in pending:
+                for later in uploading:
                     later.cancel()  # those already uploading finish; the rest wait for the next pass
     for run_id in list(uploaded):
         if after_upload is not None:  # in this thread, inside the transaction, as a crash would be
