@@ -150,6 +150,9 @@ def test_no_tenant_search_path_reaches_another_tenants_transaction(
     for cursor, schema in ((acme_cursor, "acme"), (globex_cursor, "globex")):
         cursor.execute("SELECT current_schema()")  # without parameters: another code path
         assert cursor.fetchone()[0] == schema
+    acme_cursor.executemany(f"UPDATE {Run._meta.db_table} SET status = status WHERE id = %s",
+                            [[run_id] for run_id in two_runs.values()])
+    assert acme_cursor.rowcount == 1  # acme's run only
     acme_cursor.close()
     globex_cursor.close()
 
@@ -176,3 +179,12 @@ def test_no_tenant_search_path_reaches_another_tenants_transaction(
 
     # Nothing any of them selected stayed on the server connection.
     assert server_search_path(one_server_connection) == DEFAULT_PATH
+
+
+def test_a_statement_postgresql_refuses_in_a_transaction_still_runs_in_the_tenants_schema(acme):
+    """VACUUM cannot share a message with the SET LOCAL: it runs after a session SET (right
+    straight to PostgreSQL, where migrations and maintenance run)."""
+    with tenant_context(acme), connection.cursor() as cursor:
+        cursor.execute(f"VACUUM {Run._meta.db_table}")
+        cursor.execute("SELECT current_schema()")
+        assert cursor.fetchone()[0] == "acme"

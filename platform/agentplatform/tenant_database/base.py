@@ -23,7 +23,8 @@ from psycopg import sql
 # They get django-tenants' session setting instead: right straight to PostgreSQL only.
 NOT_IN_A_TRANSACTION = re.compile(
     r"\s*(VACUUM|(CREATE|DROP)\s+(DATABASE|TABLESPACE)|ALTER\s+SYSTEM"
-    r"|REINDEX\s+(\(.*?\)\s*)?(SYSTEM|DATABASE)|[^;]*\bCONCURRENTLY\b)",
+    r"|(CREATE\s+(UNIQUE\s+)?|DROP\s+)INDEX\s+CONCURRENTLY"
+    r"|REINDEX\s+(\(.*?\)\s*)?(SYSTEM|DATABASE|\w+\s+CONCURRENTLY))",
     re.IGNORECASE)
 
 
@@ -39,12 +40,14 @@ class SchemaCursor(Cursor):
                 super().execute(self.search_path.replace("SET LOCAL", "SET", 1))
             return super().execute(query, params, **kwargs)
         prefix = self.search_path + "; "
+        if params is not None:  # the text is a template: its % are placeholders
+            prefix = prefix.replace("%", "%%")
         if isinstance(query, sql.Composable):
             query = sql.SQL(prefix) + query
         elif isinstance(query, bytes):
             query = prefix.encode() + query
         else:
-            query = (prefix if params is None else prefix.replace("%", "%%")) + query
+            query = prefix + query
         super().execute(query, params, **kwargs)
         self.nextset()  # the statement's own result, not the SET's
         return self
