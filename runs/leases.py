@@ -18,6 +18,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
+from agentplatform.metrics import fenced_writes_refused
 from runs.dispatch.models import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,15 @@ HEARTBEATS = f"public.{WorkerHeartbeat._meta.db_table}"
 HEARTBEAT_FORGET = timedelta(days=1)
 HEARTBEAT_PRUNE_EVERY = 360  # beats
 HEARTBEAT_ROW_TIMEOUT_MS = "1000"  # at most this long on the row per beat, then given up
+
+
+def fenced_write_refused(*, write: str, detail: str) -> str:
+    """Count and log a write refused by fencing (its lease or claim moved on: this worker was
+    cut off or frozen and came back); returns `detail`, e.g. for the LeaseLost it raises. One
+    log line a write, "fenced write refused (<write>): ...", for operators and benchmarks."""
+    fenced_writes_refused.add(1, {"write": write})
+    log.warning("fenced write refused (%s): %s", write, detail)
+    return detail
 
 
 def worker_id() -> str:
@@ -92,8 +102,8 @@ class LeaseKeeper:
                     [ttl, row_id, epoch],
                 )
                 if cursor.rowcount == 0:  # taken over: the holder stops at its next write
-                    log.warning("lease on %s.%s %s (epoch %s) was taken over",
-                                schema, table, row_id, epoch)
+                    fenced_write_refused(write="heartbeat", detail=(
+                        f"lease on {schema}.{table} {row_id} (epoch {epoch}) was taken over"))
                     self.release(schema=schema, table=table, row_id=row_id)
 
     def worker_beat(self) -> None:

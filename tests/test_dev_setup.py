@@ -31,20 +31,25 @@ def ensure_debs(tmp_path, present: list[str]) -> list[str]:
 
 
 def test_nothing_is_installed_when_every_command_is_present(tmp_path):
-    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot", "pgbouncer"]) == []
+    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot", "pgbouncer", "ip"]) == []
 
 
 def test_missing_chromium_and_dot_are_installed_in_one_go(tmp_path):
-    assert ensure_debs(tmp_path, ["bwrap", "pgbouncer"]) == [
+    assert ensure_debs(tmp_path, ["bwrap", "pgbouncer", "ip"]) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -qq",
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium graphviz"]
 
 
 def test_only_the_missing_package_is_installed(tmp_path):
-    assert ensure_debs(tmp_path, ["chromium", "dot", "pgbouncer"])[-1] == (
+    assert ensure_debs(tmp_path, ["chromium", "dot", "pgbouncer", "ip"])[-1] == (
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap")
 
 
 def test_a_missing_pgbouncer_is_installed(tmp_path):
-    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot"])[-1] == (
+    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot", "ip"])[-1] == (
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer")
+
+
+def test_a_missing_ip_is_installed_for_the_partition_bench(tmp_path):
+    assert ensure_debs(tmp_path, ["bwrap", "chromium", "dot", "pgbouncer"])[-1] == (
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2")

@@ -28,14 +28,18 @@ def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.05, what: 
 
 
 class CeleryProcess:
-    def __init__(self, name: str, args: list[str], *, log_dir: Path, env: dict | None = None):
+    """`prefix`: a command the process runs under, e.g. `ip netns exec <ns>` for a worker on a
+    simulated host of its own (bench/partition.py)."""
+
+    def __init__(self, name: str, args: list[str], *, log_dir: Path, env: dict | None = None,
+                 prefix: list[str] | None = None):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         environment = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
                        **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "agentplatform", *args],
+            [*(prefix or []), sys.executable, "-m", "celery", "-A", "agentplatform", *args],
             cwd=ROOT, env=environment, stdout=self.log_path.open("wb"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -66,18 +70,21 @@ class Worker(CeleryProcess):
     """A real `celery worker` on the given queues (default: the runs' queue, prefork)."""
 
     def __init__(self, name: str, concurrency: int = 1, *, log_dir: Path, env: dict | None = None,
-                 queues: list[str] | None = None, pool: str = "prefork"):
+                 queues: list[str] | None = None, pool: str = "prefork",
+                 prefix: list[str] | None = None):
         queues = queues or [settings.CELERY_TASK_DEFAULT_QUEUE]
         super().__init__(name, ["worker", "-l", "info", "-Q", ",".join(queues),
                                 "-n", f"{name}@%h", "--pool", pool, "-c", str(concurrency),
-                                "--without-gossip", "--without-mingle"], log_dir=log_dir, env=env)
+                                "--without-gossip", "--without-mingle"], log_dir=log_dir, env=env,
+                         prefix=prefix)
 
     @classmethod
     def outbox(cls, name: str, concurrency: int = 8, *, log_dir: Path,
-               env: dict | None = None) -> "Worker":
+               env: dict | None = None, prefix: list[str] | None = None) -> "Worker":
         """A worker for outbox deliveries only: threads, since deliveries wait on receivers."""
         queue = (env or {}).get("CELERY_OUTBOX_QUEUE", settings.CELERY_OUTBOX_QUEUE)
-        return cls(name, concurrency, log_dir=log_dir, env=env, queues=[queue], pool="threads")
+        return cls(name, concurrency, log_dir=log_dir, env=env, queues=[queue], pool="threads",
+                   prefix=prefix)
 
     def wait_ready(self, timeout: float = 60.0):
         # Not at the top: importing the Celery app picks a settings module, and benchmarks

@@ -47,6 +47,11 @@ checkpoint_write_duration = meter.create_histogram(
 lease_takeovers = meter.create_counter(
     "agentplatform.lease.takeovers", unit="{claim}",
     description="Claims of a run or branch whose previous holder's lease had expired.")
+fenced_writes_refused = meter.create_counter(
+    "agentplatform.lease.fenced_writes_refused", unit="{write}",
+    description="Writes refused because the writer's lease had moved on (a worker that was cut "
+                "off or frozen, and came back), by write: checkpoint, run, effect_start, "
+                "effect_attempt, branch, heartbeat, outbox_sending, outbox_record.")
 effects = meter.create_counter(
     "agentplatform.effects", unit="{effect}",
     description="ctx.effect calls by connector and outcome (done, recorded: replayed from the "

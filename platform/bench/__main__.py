@@ -13,6 +13,7 @@ BENCHMARKS = {
     "resume": "bench.resume",
     "chaos": "bench.chaos",
     "langgraph": "bench.langgraph",
+    "partition": "bench.partition",
 }
 
 

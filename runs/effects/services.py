@@ -49,6 +49,7 @@ from runs.engine.ports import (
     idempotency_key,
 )
 from runs.events import event_record
+from runs.leases import fenced_write_refused
 from runs.models import Branch, Run
 from runs.usage.metering import month_start
 from runs.usage.quotas import QuotaExceeded, quota_check_model
@@ -199,8 +200,9 @@ def _effect_insert(*, scope: Scope, name: str, connector: str, args: dict, diges
         )
         held = cursor.fetchone()[0]
     if not held:
-        raise LeaseLost(f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was "
-                        f"taken over (effect {name!r} not started)")
+        raise LeaseLost(fenced_write_refused(write="effect_start", detail=(
+            f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was taken over "
+            f"(effect {name!r} not started)")))
     return Effect.objects.get(run_id=scope.run_id, scope=scope.key, name=name)
 
 
@@ -225,8 +227,9 @@ def _attempt_start(scope: Scope, effect_id: int, name: str) -> bool:
         )
         held, started = cursor.fetchone()
     if not held:
-        raise LeaseLost(f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was "
-                        f"taken over (effect {name!r} not started)")
+        raise LeaseLost(fenced_write_refused(write="effect_attempt", detail=(
+            f"run {scope.run_id}: lease of {scope.key} (epoch {scope.epoch}) was taken over "
+            f"(attempt of effect {name!r} not started)")))
     return started
 
 
@@ -488,9 +491,14 @@ def _outbox_attempt(message: OutboxMessage, *, maybe_sent: bool) -> str:
 def _outbox_sending(message: OutboxMessage) -> bool:
     """Mark the claim "maybe sent" just before the call, while the claim is still ours: an
     expired claim that never got here (its deliverer died before calling) is resent freely."""
-    return bool(OutboxMessage.objects.filter(
+    marked = bool(OutboxMessage.objects.filter(
         id=message.id, status=OutboxMessage.Status.SENDING, claimed_by=message.claimed_by,
         attempts=message.attempts).update(maybe_sent=True))
+    if not marked:
+        fenced_write_refused(write="outbox_sending", detail=(
+            f"outbox {message.id}: claim {message.attempts} of {message.claimed_by} was taken "
+            "over before its call; not sent"))
+    return marked
 
 
 def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, error: str = "",
@@ -515,8 +523,9 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
             event_record(run_id=message.run_id, kind=event, message=message.id,
                          name=message.name, connector=message.connector, error=error)
     if not recorded:
-        log.warning("outbox %s: claim %s of %s was taken over; outcome %s not recorded",
-                    message.id, message.attempts, message.claimed_by, status)
+        fenced_write_refused(write="outbox_record", detail=(
+            f"outbox {message.id}: claim {message.attempts} of {message.claimed_by} was taken "
+            f"over; outcome {status} not recorded"))
         return "lost_claim"
     return "retry" if status == OutboxMessage.Status.PENDING else status
 

@@ -18,6 +18,7 @@ from django.db import connection
 from agentplatform.metrics import lease_takeovers
 from runs.effects.models import OutboxMessage
 
+from ..leases import fenced_write_refused
 from ..models import Branch, Checkpoint, LogEntry, Run
 from .outcome import LeaseLost
 from .ports import ports
@@ -68,7 +69,8 @@ def run_unclaim(*, run: Run, epoch: int) -> None:
             [run.id, epoch],
         )
         if cursor.rowcount == 0:
-            raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over")
+            raise LeaseLost(fenced_write_refused(
+                write="run", detail=f"run {run.id}: lease epoch {epoch} was taken over"))
 
 
 def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -153,8 +155,9 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
     if outbox:
         ports().outbox_kick()  # rings now if committed, else when the atomic caller commits
     if row is None:
-        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over "
-                        f"(checkpoint {position.visit} not written)")
+        raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(
+            f"run {run.id}: lease epoch {epoch} was taken over "
+            f"(checkpoint {position.visit} not written)")))
     return row[0]
 
 
@@ -169,7 +172,8 @@ def run_fence(*, run: Run, epoch: int, visit: int | None = None, **fields) -> bo
         )
         row = cursor.fetchone()
     if row is None:
-        raise LeaseLost(f"run {run.id}: lease epoch {epoch} was taken over (at visit {visit})")
+        raise LeaseLost(fenced_write_refused(write="run", detail=(
+            f"run {run.id}: lease epoch {epoch} was taken over (at visit {visit})")))
     return row[0]
 
 
@@ -214,4 +218,5 @@ def branch_fence(branch: Branch, **fields) -> None:
     """Update the branch row only if its lease epoch still holds."""
     written = Branch.objects.filter(id=branch.id, lease_epoch=branch.lease_epoch).update(**fields)
     if not written:
-        raise LeaseLost(f"branch {branch.index} of run {branch.run_id} was taken over")
+        raise LeaseLost(fenced_write_refused(write="branch", detail=(
+            f"branch {branch.index} of run {branch.run_id} was taken over")))

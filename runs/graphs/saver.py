@@ -47,6 +47,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import sql
 
 from runs.engine import LeaseLost
+from runs.leases import fenced_write_refused
 from runs.models import Run
 
 from .models import GraphBlob, GraphCheckpoint, GraphWrite
@@ -305,8 +306,9 @@ class SaverCore(BaseCheckpointSaver[str]):
 
     def _fenced(self, rows: Rows, what: str) -> tuple:
         if not rows[0][0]:
-            raise LeaseLost(f"run {self.fence.run_id}: lease epoch {self.fence.epoch} was taken "
-                            f"over ({what} not written)")
+            raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(
+                f"run {self.fence.run_id}: lease epoch {self.fence.epoch} was taken over "
+                f"({what} not written)")))
         return rows[0]
 
     def _put_op(self, config: RunnableConfig, checkpoint: Checkpoint,
