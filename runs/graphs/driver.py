@@ -103,8 +103,7 @@ def _graph_step(graph: Pregel) -> Callable[[StepContext, Any], Transition]:
     def graph_superstep(ctx: StepContext, state) -> Transition:
         thread = str(ctx.run_id)
         try:
-            saver = PlatformSaver(_saver_connection(), schema=connection.schema_name,
-                                  fence=Fence(ctx.run_id, ctx.epoch))
+            saver = _saver_for(ctx)
             pregel = graph.copy(update={"checkpointer": saver})
             config = {"configurable": {"thread_id": thread}}
             mark = state.get(MARK)
@@ -308,6 +307,18 @@ def _json_default(value: Any) -> Any:
 # -- the saver's connection ------------------------------------------------------------------
 
 _saver_connections = threading.local()
+
+
+def _saver_for(ctx: StepContext) -> PlatformSaver:
+    """The saver of the run this thread drives, kept from step to step of one claim (its
+    lease epoch): what it remembers (the lists it wrote) spares each superstep reading the
+    thread's message chain again."""
+    conn, key = _saver_connection(), (connection.schema_name, ctx.run_id, ctx.epoch)
+    kept = getattr(_saver_connections, "saver", None)
+    if kept is None or kept[0] != key or kept[1].conn is not conn:
+        saver = PlatformSaver(conn, schema=key[0], fence=Fence(ctx.run_id, ctx.epoch))
+        kept = _saver_connections.saver = (key, saver)
+    return kept[1]
 
 
 def _saver_connection() -> psycopg.Connection:
