@@ -13,6 +13,7 @@ from celery.signals import (
     worker_shutting_down,
 )
 from django.conf import settings
+from django.db import close_old_connections
 from tenant_schemas_celery.app import CeleryApp
 
 from agentplatform import drain
@@ -24,6 +25,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
 
 app = CeleryApp("agentplatform")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Celery's Django fixup closes every database connection before and after every task unless
+# this is set (then after every 2**30th): a new PostgreSQL backend per task, with its TimeZone
+# round trip and none of the engine's prepared statements. Connections are closed as Django
+# closes them after a request instead (connections_recycle below).
+app.conf.CELERY_DB_REUSE_MAX = 2**30
 app.autodiscover_tasks()
 
 
@@ -82,3 +88,12 @@ def task_started(**kwargs):
 @task_postrun.connect
 def task_ended(**kwargs):
     drain.task_ended()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def connections_recycle(**kwargs):
+    """Between tasks as between requests: close a connection that broke (a PostgreSQL restart)
+    or outlived CONN_MAX_AGE, and keep the others (DatabaseWrapper.close_if_unusable_or_obsolete).
+    A transaction a task left open is rolled back by Django's atomic, never carried over."""
+    close_old_connections()

@@ -263,6 +263,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task's tenant (its schema header) is looked up once per this many seconds per process, not
+# once per task (tenant-schemas-celery); the task only needs its schema, which never changes.
+CELERY_TASK_TENANT_CACHE_SECONDS = env.int("CELERY_TENANT_CACHE_SECONDS", default=30)
 # A slice lasts RUN_SLICE_SECONDS, far below the visibility timeout, so Redis redelivers only
 # what a dead worker held; and a redelivered message only rings the doorbell: the lease claim
 # and epoch fencing make a second delivery harmless (docs/decisions/0002-leases.md).

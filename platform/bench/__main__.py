@@ -14,6 +14,7 @@ BENCHMARKS = {
     "chaos": "bench.chaos",
     "langgraph": "bench.langgraph",
     "partition": "bench.partition",
+    "throughput": "bench.throughput",
 }
 
 

@@ -22,7 +22,7 @@ from ..models import Run
 from .harness import Harness
 from .outcome import CheckpointWriteFailed, ChildRunRefused, LeaseLost, Outcome, worker_id
 from .ports import ports
-from .store import checkpoint_latest, run_claim, run_fence, run_unclaim
+from .store import checkpoint_latest, run_claim_read, run_fence, run_unclaim
 
 log = logging.getLogger("runs.engine")
 tracer = trace.get_tracer("agentplatform.runs")
@@ -82,10 +82,10 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
             sleep=time.sleep) -> Outcome:
     """Claim the run and run its steps until it parks, ends or uses its slice."""
     owner = owner or worker_id()
-    epoch = run_claim(run_id=run_id, owner=owner)
-    if epoch is None:
+    run = run_claim_read(run_id=run_id, owner=owner)  # the claim returns the row: no re-read
+    if run is None:
         return Outcome.NOT_CLAIMED
-    run = Run.objects.get(id=run_id)
+    epoch = run.lease_epoch
     if run.cancel_requested:  # cancel wins over parking it for a person or handing it back
         return run_end_cancelled(run=run, epoch=epoch)
     if run.claims_without_checkpoint > settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT:

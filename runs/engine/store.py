@@ -27,6 +27,24 @@ if TYPE_CHECKING:
     from .writer import Position
 
 
+def _claim_sql(returning: str) -> str:
+    """The claim: take the run's lease if it is runnable and nobody holds a live lease (epoch
+    + 1, on the database clock), counting the claim. `before` is the row as this statement
+    found it, to tell a takeover (someone's expired lease) from a claim of a queued run."""
+    return f"""
+        UPDATE {Run._meta.db_table} r
+           SET status = 'running', lease_owner = %s, lease_epoch = r.lease_epoch + 1,
+               lease_expires_at = now() + %s, started_at = coalesce(r.started_at, now()),
+               claims_without_checkpoint = r.claims_without_checkpoint + 1,
+               updated_at = now()
+          FROM (SELECT status AS was, lease_owner AS held_by FROM {Run._meta.db_table}
+                 WHERE id = %s) before
+         WHERE r.id = %s AND r.status IN ('queued', 'running')
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
+     RETURNING {returning}, before.was = 'running' AND before.held_by <> '' AS takeover
+    """
+
+
 def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -> int | None:
     """Take the run's lease if it is runnable and nobody holds a live lease. Returns the epoch.
 
@@ -34,28 +52,23 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
     the worker) is parked for a person by `advance` instead of being claimed forever."""
     ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
     with connection.cursor() as cursor:
-        # `before`: the row as this statement found it, to tell a takeover (someone's expired
-        # lease) from a claim of a queued run, for the lease takeovers metric.
-        cursor.execute(
-            f"""
-            UPDATE {Run._meta.db_table} r
-               SET status = 'running', lease_owner = %s, lease_epoch = r.lease_epoch + 1,
-                   lease_expires_at = now() + %s, started_at = coalesce(r.started_at, now()),
-                   claims_without_checkpoint = r.claims_without_checkpoint + 1,
-                   updated_at = now()
-              FROM (SELECT status AS was, lease_owner AS held_by FROM {Run._meta.db_table}
-                     WHERE id = %s) before
-             WHERE r.id = %s AND r.status IN ('queued', 'running')
-               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
-         RETURNING r.lease_epoch, before.was = 'running' AND before.held_by <> ''
-            """,
-            [owner, ttl, run_id, run_id],
-        )
+        cursor.execute(_claim_sql("r.lease_epoch"), [owner, ttl, run_id, run_id])
         row = cursor.fetchone()
     if row and row[1]:
         lease_takeovers.add(1, {"of": "run"})
     return row[0] if row else None
 
+
+def run_claim_read(*, run_id: UUID, owner: str) -> Run | None:
+    """`run_claim`, returning the claimed run's row as the claim left it (its `lease_epoch` is
+    the claim's): the claim and the read of the run are one statement, not two."""
+    ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    claimed = list(Run.objects.raw(_claim_sql("r.*"), [owner, ttl, run_id, run_id]))
+    if not claimed:
+        return None
+    if claimed[0].takeover:
+        lease_takeovers.add(1, {"of": "run"})
+    return claimed[0]
 
 
 def run_unclaim(*, run: Run, epoch: int) -> None:

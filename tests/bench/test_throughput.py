@@ -1,0 +1,28 @@
+"""The throughput benchmark runs end to end at tiny sizes: workers, beat, the API, the closing
+line (ours only: the DBOS peer is the same code path with another system)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_throughput_bench_posts_runs_through_the_api_and_prints_its_closing_line():
+    slot = os.environ.get("TEST_SLOT", "0")
+    env = {**os.environ, "BENCH_SLOT": slot,
+           "BENCH_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_tp_test{slot}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "platform")])}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "throughput", "--tenants", "2", "--runs", "2",
+         "--steps", "3", "--workers", "1", "--concurrency", "1", "--settle", "0",
+         "--systems", "ours", "--deadline", "40"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.fullmatch(
+        r"throughput: tenants=2 runs=4 steps_per_s=\d+ vs_dbos=n/a cpu_ms_per_step=\d+\.\d\d "
+        r"pg_tx_per_step=\d+\.\d\d p99_run_s=\d+\.\d\d tenant_spread=\d+\.\d\d", lines[-1]), lines
