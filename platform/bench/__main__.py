@@ -15,6 +15,7 @@ BENCHMARKS = {
     "langgraph": "bench.langgraph",
     "partition": "bench.partition",
     "throughput": "bench.throughput",
+    "tenants": "bench.tenants",
 }
 
 

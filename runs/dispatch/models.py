@@ -47,6 +47,32 @@ class Wakeup(models.Model):
         ]
 
 
+class TenantDue(models.Model):
+    """The due-index: when a tenant next has something due for a periodic sweep (`what`) that
+    would otherwise have to look into every tenant's schema. The sweep reads the due rows here
+    and visits only those tenants, so its cost follows what is due, not how many tenants exist.
+
+    `due_at` is a lower bound on the tenant's earliest due item: whoever makes an item due
+    sooner lowers it (`due_mark`) in the transaction that does so; only the sweep raises it,
+    holding the row, after looking (docs/operators.md, "The due-index"). NULL: nothing pending."""
+
+    class What(models.TextChoices):
+        OUTBOX = "outbox"  # undelivered notifications (runs.effects): retries, expired claims
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    schema_name = models.CharField(max_length=63)
+    what = models.CharField(max_length=20, choices=What.choices)
+    due_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["schema_name", "what"], name="tenant_due_unique"),
+            models.CheckConstraint(condition=models.Q(what__in=["outbox"]),
+                                   name="tenant_due_what_valid"),
+        ]
+        indexes = [models.Index(fields=["what", "due_at"], name="tenant_due_what_due_at")]
+
+
 class WorkerHeartbeat(models.Model):
     """A worker process's last heartbeat, one row per process (`host:pid`), upserted by its lease
     heartbeat thread (runs.leases) every RUN_HEARTBEAT_SECONDS: how the console knows which

@@ -8,22 +8,27 @@ alternate, and no tenant has more than RUN_TENANT_MAX_IN_FLIGHT runs in flight a
 
 import logging
 from collections import defaultdict
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Value
+from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.telemetry import trace_parent
+from tenants.models import Tenant
 
-from .models import ReadyRun, Wakeup
+from .models import ReadyRun, TenantDue, Wakeup
 from .ports import tick_handlers
 
 log = logging.getLogger(__name__)
 READY = f"public.{ReadyRun._meta.db_table}"
+DUE = f"public.{TenantDue._meta.db_table}"
 DISPATCH_LOCK = 0x6170_6469_7370  # any constant: one dispatcher at a time
 
 
@@ -169,3 +174,62 @@ def wakeups_fire(*, limit: int = 500) -> int:
         log.info("wakeup %s visit %s: %s", wakeup.run_id, wakeup.visit, outcome)
         fired += 1
     return fired
+
+
+# -- the due-index ---------------------------------------------------------------------------
+
+def due_mark(*, what: str, at: datetime | None = None) -> None:
+    """Something of the current tenant's `what` is due at `at` (now if None): its sweep visits
+    the tenant by then. Call in the transaction that makes it due, after or with the write.
+
+    Only ever lowers the row's time. It locks the row even when it changes nothing (PostgreSQL
+    locks the conflicting row of ON CONFLICT DO UPDATE whatever its WHERE says), so a sweep
+    that looks at this tenant now either waits for this transaction or is waited for."""
+    with connection.cursor() as cursor:
+        cursor.execute(due_mark_sql(), [what, at, connection.schema_name])
+
+
+def due_mark_sql(*, joined: str = "") -> str:
+    """`due_mark`'s statement; parameters: what, at (None: now), the tenant's schema. `joined`:
+    a CTE of the caller's statement that must yield a row for the mark to be made (the engine's
+    checkpoint marks the outbox due in its own statement, only if its fence held)."""
+    source = f", {joined}" if joined else ""
+    return f"""
+            INSERT INTO {DUE} AS d (tenant_id, schema_name, what, due_at)
+            SELECT t.id, t.schema_name, %s, coalesce(%s, now())
+              FROM public.tenants_tenant t{source} WHERE t.schema_name = %s
+            ON CONFLICT (schema_name, what) DO UPDATE SET due_at = EXCLUDED.due_at
+             WHERE d.due_at IS NULL OR d.due_at > EXCLUDED.due_at"""
+
+
+def due_sweep(*, what: str, visit: Callable[[], datetime | None], limit: int = 500) -> int:
+    """Visit every active tenant whose `what` is due by the due-index, and no other.
+
+    Each visit is a transaction of its own that holds the tenant's row (skipped if someone is
+    marking it right now: it stays due for the next sweep). `visit()` runs in the tenant's
+    schema, does what is due (rings a deliverer) and returns when the tenant's `what` is next
+    due, at or before now if it still is (None: nothing pending); the row moves there, or to
+    now if still due (behind the other due tenants). Nothing can become due unseen meanwhile:
+    a `due_mark` of this tenant waits for the row and then lowers it again. Returns how many
+    tenants were visited."""
+    schemas = list(TenantDue.objects.filter(what=what, due_at__lte=Now(),
+                                            tenant__status=Tenant.Status.ACTIVE)
+                   .order_by("due_at").values_list("schema_name", flat=True)[:limit])
+    visited = 0
+    for schema in schemas:
+        try:
+            with transaction.atomic():
+                row = (TenantDue.objects.select_for_update(skip_locked=True)
+                       .filter(schema_name=schema, what=what, due_at__lte=Now()).first())
+                if row is None:
+                    continue
+                with schema_context(schema):
+                    next_due = visit()
+                # still due: now, behind the other due tenants, so a limit never starves one
+                TenantDue.objects.filter(id=row.id).update(
+                    due_at=None if next_due is None else Greatest(Value(next_due), Now()))
+        except Exception:  # one broken schema must not hold up every other tenant
+            log.exception("%s sweep of %s failed; it stays due", what, schema)
+            continue
+        visited += 1
+    return visited

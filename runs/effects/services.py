@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, NoReturn
 from uuid import UUID
@@ -39,6 +39,8 @@ from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
 from integrations.services import CredentialNotFound, credential_get
 from runs.approvals.models import Approval
+from runs.dispatch.models import TenantDue
+from runs.dispatch.services import due_mark, due_sweep
 from runs.engine import LeaseLost
 from runs.engine.ports import (
     BudgetExceeded,
@@ -379,12 +381,15 @@ def quota_park_if_reached(*, run_id: UUID, now=None) -> None:
 
 def outbox_enqueue(*, run_id: UUID, name: str, connector: str, args: dict) -> OutboxMessage:
     """Record a notification in the caller's transaction; delivered after commit."""
-    message, _ = OutboxMessage.objects.get_or_create(
-        idempotency_key=idempotency_key(schema=connection.schema_name, run_id=run_id,
-                                        scope="outbox", name=name),
-        defaults={"run_id": run_id, "name": name, "connector": connector, "args": args,
-                  "next_attempt_at": timezone.now()},
-    )
+    with transaction.atomic():
+        message, created = OutboxMessage.objects.get_or_create(
+            idempotency_key=idempotency_key(schema=connection.schema_name, run_id=run_id,
+                                            scope="outbox", name=name),
+            defaults={"run_id": run_id, "name": name, "connector": connector, "args": args,
+                      "next_attempt_at": timezone.now()},
+        )
+        if created:  # the sweep's backstop, should the doorbell below be lost
+            due_mark(what=TenantDue.What.OUTBOX)
     outbox_kick()
     return message
 
@@ -519,6 +524,8 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
             seconds=settings.OUTBOX_BACKOFF_SECONDS * 2 ** (message.attempts - 1))
     with transaction.atomic():
         recorded = OutboxMessage.objects.filter(claim, id=message.id).update(**fields)
+        if recorded and status == OutboxMessage.Status.PENDING:  # sooner than the claim expires
+            due_mark(what=TenantDue.What.OUTBOX, at=fields["next_attempt_at"])
         if recorded and event:
             event_record(run_id=message.run_id, kind=event, message=message.id,
                          name=message.name, connector=message.connector, error=error)
@@ -553,14 +560,27 @@ def outbox_settle(*, message_id: int, delivered: bool, by: str) -> OutboxMessage
         event_record(run_id=message.run_id, kind="outbox_settled", message=message.id,
                      name=message.name, delivered=delivered, by=by)
         if not delivered:
+            due_mark(what=TenantDue.What.OUTBOX)
             outbox_kick()
     return message
 
 
-def outbox_due_ids(limit: int = 100) -> list[int]:
-    """Messages a deliverer may claim now: pending and due, or sending under an expired claim."""
-    now = timezone.now()
-    return list(OutboxMessage.objects.filter(
-        Q(status=OutboxMessage.Status.PENDING, next_attempt_at__lte=now)
-        | Q(status=OutboxMessage.Status.SENDING, claimed_until__lt=now))
-        .order_by("next_attempt_at").values_list("id", flat=True)[:limit])
+def outbox_sweep() -> int:
+    """Ring the deliverer of each tenant whose outbox has a message due (a retry after backoff,
+    an expired claim, a doorbell the broker lost), found in the due-index: the schemas of the
+    other tenants are not looked at. Returns how many tenants were looked at."""
+    return due_sweep(what=TenantDue.What.OUTBOX, visit=_outbox_sweep_visit)
+
+
+def _outbox_sweep_visit() -> datetime | None:
+    """In a tenant's schema: ring its deliverer if a message is due; when the next one is."""
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"""
+            SELECT min(CASE WHEN status = 'pending' THEN next_attempt_at ELSE claimed_until END),
+                   now()
+              FROM {table} WHERE status IN ('pending', 'sending')""")
+        next_due, now = cursor.fetchone()
+    if next_due is not None and next_due <= now:
+        outbox_kick()
+    return next_due

@@ -3,7 +3,8 @@
 A run (or a fan-out branch) is claimed with a lease (owner, epoch, expiry) in one atomic
 UPDATE on the database clock; every write made under the lease is fenced on the epoch, so a
 worker that lost its lease stops at its next write (LeaseLost) instead of overwriting its
-successor's work. The checkpoint is one statement: run row, checkpoint, log entries, outbox.
+successor's work. The checkpoint is one statement: run row, checkpoint, log entries, outbox
+and, with notifications, its tenant's row in the due-index (public).
 """
 
 import json
@@ -16,6 +17,8 @@ from django.conf import settings
 from django.db import connection
 
 from agentplatform.metrics import lease_takeovers
+from runs.dispatch.models import TenantDue
+from runs.dispatch.services import due_mark_sql
 from runs.effects.models import OutboxMessage
 
 from ..leases import fenced_write_refused
@@ -129,6 +132,8 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         params = []
         fence = f"""SELECT id, cancel_requested FROM "{schema}".{Run._meta.db_table}
                      WHERE id = %s AND lease_epoch = %s FOR SHARE"""
+    # With notifications, the tenant's outbox is marked due in the due-index (public, last).
+    due = f", due AS ({due_mark_sql(joined='fence')}\n        )" if outbox else ""
     sql = f"""
         WITH fence AS (
             {fence}
@@ -151,7 +156,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
               FROM fence, unnest(%s::text[], %s::text[], %s::text[], %s::text[])
                    AS o(name, connector, args, key)
             ON CONFLICT (idempotency_key) DO NOTHING
-        )
+        ){due}
         SELECT cancel_requested FROM fence
     """
     params += [
@@ -163,6 +168,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         [json.dumps(e.value) for e in entries],
         *([n[field] for n in outbox] for field in ("name", "connector")),
         [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
+        *([TenantDue.What.OUTBOX.value, None, schema] if outbox else []),
     ]
     row = _prepared(sql, params)
     if outbox:

@@ -17,6 +17,8 @@ from django_tenants.utils import tenant_context
 
 from integrations.services import credential_set
 from runs.approvals.models import Approval
+from runs.dispatch.models import TenantDue
+from runs.dispatch.services import due_mark
 from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
 from runs.services import run_start
@@ -223,6 +225,7 @@ def test_claim_that_expired_before_anything_was_sent_is_sent_without_a_person(
         args={"url": f"{plain_receiver.base}/notify", "n": 1}, claimed_by="gone:1",
         claimed_until=timezone.now() - timedelta(seconds=1), attempts=1,
         idempotency_key=f"unsent-{run.id.hex[:20]}", next_attempt_at=timezone.now())
+    due_mark(what=TenantDue.What.OUTBOX)  # as its enqueue left it: the sweep's way back to it
     wait_for(lambda: OutboxMessage.objects.get(id=message.id).status in ("delivered", "unknown"),
              timeout=60, what="the expired claim to be taken")
     assert OutboxMessage.objects.get(id=message.id).status == "delivered"
