@@ -28,6 +28,10 @@ NOT_IN_A_TRANSACTION = re.compile(
     re.IGNORECASE)
 
 
+TRANSACTION_CONTROL = re.compile(
+    r"\s*(SAVEPOINT|ROLLBACK|RELEASE|BEGIN|COMMIT|START\s+TRANSACTION)\b", re.IGNORECASE)
+
+
 class SchemaCursor(Cursor):
     """Django's psycopg cursor (client-side binding, so a statement goes in one simple-protocol
     message) that runs each statement after `search_path`, the connection's `SET LOCAL`."""
@@ -35,7 +39,11 @@ class SchemaCursor(Cursor):
     search_path = ""
 
     def execute(self, query, params=None, **kwargs):
-        if not self.search_path or self._outside_transactions(query):
+        if not self.search_path or self._transaction_control(query):
+            # ROLLBACK TO SAVEPOINT in an aborted transaction must run alone: prefixed, the
+            # SET would be refused first and the transaction would stay aborted
+            return super().execute(query, params, **kwargs)
+        if self._outside_transactions(query):
             if self.search_path:
                 super().execute(self.search_path.replace("SET LOCAL", "SET", 1))
             return super().execute(query, params, **kwargs)
@@ -61,6 +69,11 @@ class SchemaCursor(Cursor):
                 return super().executemany(query, params_seq, **kwargs)
         super().execute(self.search_path)
         return super().executemany(query, params_seq, **kwargs)
+
+    @staticmethod
+    def _transaction_control(query) -> bool:
+        text = query.decode() if isinstance(query, bytes) else query
+        return isinstance(text, str) and TRANSACTION_CONTROL.match(text) is not None
 
     @staticmethod
     def _outside_transactions(query) -> bool:
