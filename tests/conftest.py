@@ -157,8 +157,11 @@ def s3(tmp_path_factory):
 class BeatHolder:
     """The session's beat process; a test may stop it, and `ensure()` starts a new one."""
 
+    made: list["BeatHolder"] = []
+
     def __init__(self, schedule_dir: Path):
         self.schedule_dir, self.process = schedule_dir, None
+        BeatHolder.made.append(self)
         self.ensure()
 
     def ensure(self) -> "BeatHolder":
@@ -181,6 +184,15 @@ def _session_beat(celery_queue_clean, tmp_path_factory):
 @pytest.fixture
 def beat(_session_beat):
     return _session_beat.ensure()
+
+
+@pytest.fixture
+def no_beat():
+    """Nothing hands runs out while the test runs: the session's beat, if an earlier test
+    started it, is stopped (the next test that asks for `beat` starts it again). For tests that
+    leave runs stuck or in line on purpose, next to the session's workers."""
+    for holder in BeatHolder.made:
+        holder.stop()
 
 
 @pytest.fixture(scope="session")

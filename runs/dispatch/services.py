@@ -189,15 +189,13 @@ def due_mark(*, what: str, at: datetime | None = None) -> None:
         cursor.execute(due_mark_sql(), [what, at, connection.schema_name])
 
 
-def due_mark_sql(*, joined: str = "") -> str:
-    """`due_mark`'s statement; parameters: what, at (None: now), the tenant's schema. `joined`:
-    a CTE of the caller's statement that must yield a row for the mark to be made (the engine's
-    checkpoint marks the outbox due in its own statement, only if its fence held)."""
-    source = f", {joined}" if joined else ""
+def due_mark_sql() -> str:
+    """`due_mark`'s statement; parameters: what, at (None: now), the tenant's schema. Public
+    tables only: under schema sharding it runs on the coordinator (decision 0023)."""
     return f"""
             INSERT INTO {DUE} AS d (tenant_id, schema_name, what, due_at)
             SELECT t.id, t.schema_name, %s, coalesce(%s, now())
-              FROM public.tenants_tenant t{source} WHERE t.schema_name = %s
+              FROM public.tenants_tenant t WHERE t.schema_name = %s
             ON CONFLICT (schema_name, what) DO UPDATE SET due_at = EXCLUDED.due_at
              WHERE d.due_at IS NULL OR d.due_at > EXCLUDED.due_at"""
 

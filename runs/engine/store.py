@@ -3,8 +3,10 @@
 A run (or a fan-out branch) is claimed with a lease (owner, epoch, expiry) in one atomic
 UPDATE on the database clock; every write made under the lease is fenced on the epoch, so a
 worker that lost its lease stops at its next write (LeaseLost) instead of overwriting its
-successor's work. The checkpoint is one statement: run row, checkpoint, log entries, outbox
-and, with notifications, its tenant's row in the due-index (public).
+successor's work. The checkpoint is one statement: run row, checkpoint, log entries and
+outbox; with notifications, the tenant's row in the due-index (public) is a statement of its
+own in the same transaction (a statement never mixes a tenant's tables with public ones:
+decision 0023).
 """
 
 import json
@@ -14,7 +16,7 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from agentplatform.metrics import lease_takeovers
 from runs.dispatch.models import TenantDue
@@ -107,11 +109,12 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
 def _prepared(sql: str, params: list[Any]) -> tuple | None:
     """Execute on the raw connection as a server-side prepared statement: the hot path is
     planned once per connection, and no `SET search_path` round trip precedes it (tables are
-    schema-qualified). Joins the surrounding transaction, if any."""
+    schema-qualified). Joins the surrounding transaction, if any. Returns the first row, if the
+    statement returns rows."""
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
-        return cursor.fetchone()
+        return cursor.fetchone() if cursor.description else None
 
 
 def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: bool = True,
@@ -132,8 +135,6 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         params = []
         fence = f"""SELECT id, cancel_requested FROM "{schema}".{Run._meta.db_table}
                      WHERE id = %s AND lease_epoch = %s FOR SHARE"""
-    # With notifications, the tenant's outbox is marked due in the due-index (public, last).
-    due = f", due AS ({due_mark_sql(joined='fence')}\n        )" if outbox else ""
     sql = f"""
         WITH fence AS (
             {fence}
@@ -156,7 +157,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
               FROM fence, unnest(%s::text[], %s::text[], %s::text[], %s::text[])
                    AS o(name, connector, args, key)
             ON CONFLICT (idempotency_key) DO NOTHING
-        ){due}
+        )
         SELECT cancel_requested FROM fence
     """
     params += [
@@ -168,10 +169,14 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         [json.dumps(e.value) for e in entries],
         *([n[field] for n in outbox] for field in ("name", "connector")),
         [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
-        *([TenantDue.What.OUTBOX.value, None, schema] if outbox else []),
     ]
-    row = _prepared(sql, params)
-    if outbox:
+    if not outbox:
+        row = _prepared(sql, params)
+    else:  # the messages and the tenant's mark in the due-index commit together
+        with transaction.atomic():
+            row = _prepared(sql, params)
+            if row is not None:
+                _prepared(due_mark_sql(), [TenantDue.What.OUTBOX.value, None, schema])
         ports().outbox_kick()  # rings now if committed, else when the atomic caller commits
     if row is None:
         raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(

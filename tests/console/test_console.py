@@ -32,6 +32,9 @@ from tests.tenants.test_console_access import logged_in
 
 PAGES = ("/admin/console/stuckruns/", "/admin/console/fleet/", "/admin/tenants/tenant/")
 
+# The runs made here are stuck or in line on purpose: no beat may hand them to a worker.
+pytestmark = pytest.mark.usefixtures("no_beat")
+
 
 def engine_error_run():
     run = start("chatter", input={"steps": 2})

@@ -12,6 +12,8 @@ from django_tenants.utils import tenant_context
 
 from runs.approvals.models import Approval
 from runs.approvals.services import approval_decide, event_submit
+from runs.effects.models import OutboxMessage
+from runs.engine import store
 from tests.support.runs import finished, start
 
 # Public tables a tenant's transactions may touch (decision 0023), and why they may.
@@ -22,19 +24,29 @@ SHARDING_PUBLIC_TABLES = {
     "webhooks_slackconnection": "reference: a tenant's Slack workspaces, read to announce",
     "dispatch_readyrun": "coordinator queue: written in its own statements, never joined",
     "dispatch_wakeup": "coordinator queue: written in its own statements, never joined",
+    "dispatch_tenantdue": "coordinator queue: the due-index, marked in statements of its own",
 }
 IDENTIFIER = re.compile(r'(?:"([a-z0-9_]+)"|\b([a-z0-9_]+))\.\s*"?([a-z0-9_]+)"?|"([a-z0-9_]+)"'
                         r'|\b([a-z]+_[a-z0-9_]+)\b')
 
 
 @contextmanager
-def statements():
+def statements(monkeypatch):
+    """Every statement run meanwhile: Django's, and the engine's prepared ones (its hot path
+    goes to psycopg directly)."""
     seen: list[tuple[str, str]] = []
 
     def record(execute, sql, params, many, context):
         seen.append((connection.schema_name, str(sql)))
         return execute(sql, params, many, context)
 
+    prepared = store._prepared
+
+    def record_prepared(sql, params):
+        seen.append((connection.schema_name, sql))
+        return prepared(sql, params)
+
+    monkeypatch.setattr(store, "_prepared", record_prepared)
     with connection.execute_wrapper(record):
         yield seen
 
@@ -66,8 +78,8 @@ def tables_named(sql: str, tenant_tables: set[str], public_tables: set[str],
 
 
 def test_the_tenant_side_sql_keeps_to_one_schema_and_to_reference_like_public_tables(
-        acme, globex):
-    with statements() as seen:
+        acme, globex, monkeypatch):
+    with statements(monkeypatch) as seen:
         for tenant in (acme, globex):
             with tenant_context(tenant):
                 finished(start("chatter", input={"steps": 3}).id)
@@ -80,6 +92,8 @@ def test_the_tenant_side_sql_keeps_to_one_schema_and_to_reference_like_public_ta
                 event_submit(kind="doc.signed", key=f"k-{tenant.schema_name}", payload={})
                 finished(waiting.id)
                 finished(start("graph-chatter", input={"steps": 2}).id)
+                herald = finished(start("herald", input={"url": "http://127.0.0.1:9/notify"}).id)
+                assert OutboxMessage.objects.filter(run=herald).delete()[0] == 3  # nowhere to go
     tenant_tables, public_tables = tables_of("acme"), tables_of("public")
     touched: set[str] = set()
     tenant_side = [(schema, sql) for schema, sql in seen if schema != "public"]
@@ -94,4 +108,6 @@ def test_the_tenant_side_sql_keeps_to_one_schema_and_to_reference_like_public_ta
     assert touched <= SHARDING_PUBLIC_TABLES.keys(), (
         f"tenant transactions touch public tables not in decision 0023: "
         f"{sorted(touched - SHARDING_PUBLIC_TABLES.keys())}")
-    assert {"dispatch_readyrun", "usage_tenantquota"} <= touched  # the scan sees public tables
+    # the scan sees public tables, the engine's own statements included
+    assert {"dispatch_readyrun", "usage_tenantquota", "dispatch_tenantdue"} <= touched
+    assert any("INSERT INTO" in sql and "checkpoint" in sql for _, sql in tenant_side)
