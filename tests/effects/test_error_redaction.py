@@ -12,7 +12,7 @@ from integrations.services import credential_set
 from runs import engine
 from runs.effects.models import Effect, OutboxMessage
 from runs.models import Run, RunEvent
-from runs.services import run_start
+from tests.support.runs import start
 from tests.support.waiting import wait_for
 
 SECRETS = ("hunter2", "T0ACME", "B0HOOK", "s3cr3tPathToken0123456789", "tok_live_x1y2")
@@ -22,6 +22,8 @@ URL = ("http://bob:hunter2@127.0.0.1:9/services/T0ACME/B0HOOK/s3cr3tPathToken012
 
 
 def finished(run_id):
+    """Advance a run no worker was asked for (`start`) to its end in this process, its
+    retries without their waits."""
     outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
     while outcome == engine.Outcome.SLICE_USED:
         outcome = engine.advance(run_id=run_id, sleep=lambda s: None)
@@ -68,8 +70,8 @@ def test_a_plain_error_text_is_left_alone():
 
 def test_a_failing_effects_url_secrets_are_in_no_row_event_or_api_answer(in_acme, acme_api):
     credential_set(connector="webhook", secrets={"signing_secret": "whsec_test"})
-    run = finished(run_start(agent="payer", input={"url": URL, "amount": 5,
-                                                   "connector": "webhook"}).run.id)
+    # advanced here, its retries without their waits (no worker takes it: it is not in line)
+    run = finished(start("payer", input={"url": URL, "amount": 5, "connector": "webhook"}).id)
     assert run.status == "failed" and "cannot connect to http://" in run.error
     assert "127.0.0.1:9" in run.error  # the destination is still named
     assert_no_secret(run.error, "the run's error")
@@ -94,8 +96,7 @@ def test_a_failing_effects_url_secrets_are_in_no_row_event_or_api_answer(in_acme
 def test_a_failing_notifications_secrets_are_not_in_its_outbox_row(in_acme, acme_api,
                                                                    outbox_worker):
     credential_set(connector="webhook", secrets={"signing_secret": "whsec_test"})
-    run = finished(run_start(agent="herald", input={"url": URL, "notes": 1,
-                                                    "connector": "webhook"}).run.id)
+    run = finished(start("herald", input={"url": URL, "notes": 1, "connector": "webhook"}).id)
     assert run.status == "succeeded"
     wait_for(lambda: OutboxMessage.objects.filter(run=run).exclude(last_error="").exists(),
              timeout=30, what="the outbox worker's first failed delivery")
