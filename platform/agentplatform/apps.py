@@ -6,6 +6,7 @@ commands all run ready().
 """
 
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class PlatformConfig(AppConfig):
@@ -42,7 +43,8 @@ class PlatformConfig(AppConfig):
         from runs.graphs.driver import graph_agent_define
         from runs.parked import Inbox, inbox_wire
         from runs.services import child_report, run_start, runs_inspect_in_flight
-        from runs.usage.quotas import api_rate_per_minute
+        from runs.usage.models import Plan, TenantQuota
+        from runs.usage.quotas import api_rate_per_minute, quota_limits_changed
         from sandboxes.services import SandboxSession
         from tenants.throttling import TenantPlanRateThrottle
 
@@ -69,6 +71,10 @@ class PlatformConfig(AppConfig):
         tick_handlers_wire(TickHandlers(runs_inspect_in_flight=runs_inspect_in_flight,
                                         wakeup_fire=wakeup_fire))
         TenantPlanRateThrottle.rate_of = lambda tenant: api_rate_per_minute(tenant=tenant)
+        for model in (Plan, TenantQuota):  # the throttle's cached limits are read again
+            for signal in (post_save, post_delete):
+                signal.connect(quota_limits_changed, sender=model,
+                               dispatch_uid=f"quota_limits_changed:{model.__name__}")
         fleet_wire(ready=ready_backlog, outbox=outbox_backlog)
         if slack_approval_announce not in ANNOUNCERS:  # ready() may run twice in one process
             ANNOUNCERS.append(slack_approval_announce)

@@ -289,6 +289,10 @@ CELERY_BEAT_SCHEDULER = "agentplatform.beat:OneBeatScheduler"
 BEAT_LOCK_DATABASE = (env.db_url("BEAT_LOCK_DATABASE_URL") if env("BEAT_LOCK_DATABASE_URL", default="")
                       else DATABASE_DIRECT)
 
+# The API throttle's per-tenant limit is read again at most this often per process (a changed
+# quota applies at once in the process that changed it, within this in the others).
+QUOTA_RATE_CACHE_SECONDS = env.float("QUOTA_RATE_CACHE_SECONDS", default=10.0)
+
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
 RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)

@@ -7,10 +7,12 @@ Use is read live from the tenant's rows for today (runs.usage.metering) plus the
 UsageDay rows, so a check never waits for the beat task. Everything takes `now`: a test freezes
 time by passing it."""
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from django_tenants.utils import schema_context
@@ -82,16 +84,20 @@ def _number(value) -> str:
 
 def tenant_plan(*, tenant: Tenant) -> Plan | None:
     """The tenant's plan, or the default plan when it has none of its own (None: no plans)."""
+    return _own_and_plan(tenant)[1]
+
+
+def _own_and_plan(tenant: Tenant) -> tuple[TenantQuota | None, Plan | None]:
     own = TenantQuota.objects.filter(tenant_id=tenant.pk).select_related("plan").first()
-    return own.plan if own is not None and own.plan is not None else \
-        Plan.objects.filter(is_default=True).first()
+    if own is not None and own.plan is not None:
+        return own, own.plan
+    return own, Plan.objects.filter(is_default=True).first()
 
 
 def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
     """The tenant's seven limits: its override where set, else its plan's (or the default
     plan's), else none."""
-    own = TenantQuota.objects.filter(tenant_id=tenant.pk).first()
-    plan = tenant_plan(tenant=tenant)
+    own, plan = _own_and_plan(tenant)
     limits = {}
     for name in QUOTA_FIELDS:
         value = getattr(own, name, None) if own is not None else None
@@ -145,10 +151,12 @@ def month_model_use(*, tenant: Tenant, now: datetime) -> tuple[int, Decimal]:
 
 
 def quota_uses(*, tenant: Tenant, now: datetime | None = None,
-               names: tuple[str, ...] = QUOTA_FIELDS) -> list[QuotaUse]:
-    """Each quota (of `names`) with its limit, current use and reset time."""
+               names: tuple[str, ...] = QUOTA_FIELDS,
+               limits: dict[str, float | None] | None = None) -> list[QuotaUse]:
+    """Each quota (of `names`) with its limit (from `limits`, if the caller read them), current
+    use and reset time."""
     now = (now or timezone.now()).astimezone(UTC)
-    limits = quota_limits(tenant=tenant)
+    limits = limits or quota_limits(tenant=tenant)
     today = _day_start(now)
     tomorrow = today + timedelta(days=1)
     uses = []
@@ -196,7 +204,7 @@ def quota_check_start(*, tenant: Tenant | None = None, now: datetime | None = No
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                            [f"quota-start:{tenant.schema_name}"])
-    for use in quota_uses(tenant=tenant, now=now, names=names):
+    for use in quota_uses(tenant=tenant, now=now, names=names, limits=limits):
         if use.exceeded:
             raise QuotaExceeded(use, now=now)
 
@@ -208,15 +216,32 @@ def quota_check_model(*, tenant: Tenant | None = None, now: datetime | None = No
         return None
     limits = quota_limits(tenant=tenant)
     names = tuple(n for n in ("tokens_per_month", "cost_usd_per_month") if limits[n] is not None)
-    for use in quota_uses(tenant=tenant, now=now, names=names):
+    for use in quota_uses(tenant=tenant, now=now, names=names, limits=limits):
         if use.exceeded:
             return use
     return None
 
 
+# The throttle's limit per tenant, read at most every QUOTA_RATE_CACHE_SECONDS per process
+# (every API request asks for it): a changed limit applies at once in the process that made the
+# change and within that many seconds in the others.
+_rates: dict[int, tuple[float, int | None]] = {}
+
+
 def api_rate_per_minute(*, tenant: Tenant) -> int | None:
+    now = time.monotonic()
+    cached = _rates.get(tenant.pk)
+    if cached is not None and cached[0] > now:
+        return cached[1]
     limit = quota_limits(tenant=tenant)["api_requests_per_minute"]
-    return None if limit is None else int(limit)
+    rate = None if limit is None else int(limit)
+    _rates[tenant.pk] = (now + settings.QUOTA_RATE_CACHE_SECONDS, rate)
+    return rate
+
+
+def quota_limits_changed(**_) -> None:
+    """A plan or a tenant's quotas changed (a model signal): read the limits again."""
+    _rates.clear()
 
 
 def _current_tenant() -> Tenant | None:

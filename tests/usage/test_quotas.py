@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
@@ -193,6 +195,26 @@ def test_api_requests_per_minute_are_the_plans_and_only_the_tenants(acme, globex
         assert globex_api.get("/api/v1/runs").status_code == 200
         assert _use(acme, "api_requests_per_minute").used == 2
         assert _use(acme, "api_requests_per_minute").limit == 2
+    finally:
+        cache.delete(TenantPlanRateThrottle.cache_key_for("acme"))
+
+
+def test_the_throttle_reads_a_tenants_limits_once_and_again_when_they_change(acme, acme_api,
+                                                                            quotas):
+    def limit_reads() -> int:
+        with CaptureQueriesContext(connection) as seen:
+            assert acme_api.get("/api/v1/runs").status_code in (200, 429)
+        return sum('"usage_tenantquota"' in q["sql"] or '"usage_plan"' in q["sql"]
+                   for q in seen.captured_queries)
+
+    cache.delete(TenantPlanRateThrottle.cache_key_for("acme"))
+    quotas(acme, api_requests_per_minute=1000)
+    try:
+        assert limit_reads() >= 1  # a change reads them again
+        assert [limit_reads() for _ in range(3)] == [0, 0, 0]
+        quotas(acme, api_requests_per_minute=1)  # saved here: this process reads them again
+        assert limit_reads() >= 1
+        assert acme_api.get("/api/v1/runs").status_code == 429
     finally:
         cache.delete(TenantPlanRateThrottle.cache_key_for("acme"))
 
