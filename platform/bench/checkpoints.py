@@ -4,11 +4,7 @@ one ~200-byte message of random text to an append-only history, on the same Post
 - ours: `runs.engine.advance` in-process, `sync` durability, in a tenant schema of its own;
 - langgraph: a `StateGraph` with a `messages` list reducer, `PostgresSaver`, durability "sync";
 - dbos: a workflow with one `@DBOS.step` per iteration, on a system database of its own;
-- floor: one single-row INSERT + COMMIT per step on one psycopg connection;
-- ours_redis, ours_redis_everysec (experiment, issue 18): ours with the checkpoint write swapped
-  for one Redis round trip (a Lua script, fenced on the run's epoch mirrored in Redis) on a
-  server that persists (`appendfsync always`, resp. `everysec`); claims and leases stay in
-  PostgreSQL.
+- floor: one single-row INSERT + COMMIT per step on one psycopg connection.
 
 Every system is measured the same way: wall time of the whole run (start to result), bytes of
 the rows the run left (sum of `pg_column_size(row)`), and the growth of its tables on disk
@@ -18,7 +14,6 @@ the rows the run left (sum of `pg_column_size(row)`), and the growth of its tabl
 import argparse
 import json
 import operator
-import os
 import random
 import string
 import sys
@@ -28,10 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Annotated, Any, TextIO, TypedDict
-from unittest import mock
 
 import psycopg
-import redis
 from django.conf import settings
 from django.db import connection
 
@@ -40,7 +33,7 @@ from runs.transitions import finish, goto
 
 LENGTHS = (100, 400, 1600)
 QUICK_LENGTHS = (20, 80, 320)
-SYSTEMS = ("ours", "langgraph", "dbos", "floor", "ours_redis", "ours_redis_everysec")
+SYSTEMS = ("ours", "langgraph", "dbos", "floor")
 PEER_PACKAGES = {"langgraph": ("langgraph", "langgraph-checkpoint-postgres"), "dbos": ("dbos",)}
 TEXT_ALPHABET = string.ascii_letters + string.digits + " "
 TEXT_CHARS = 185  # {"n": …, "text": …} is then ~200 bytes of JSON
@@ -195,125 +188,6 @@ class Ours(Contender):
         if self.tenant is not None:
             tenant_delete(tenant=self.tenant)
             self.tenant = None
-
-
-# -- experiment (issue 18): the same engine, its checkpoint write in Redis ----------------------
-REDIS_TTL_SECONDS = 7 * 24 * 3600
-# KEYS: epoch, checkpoints (hash: visit -> checkpoint), cancel, then one hash per log (index ->
-# value). ARGV: epoch, ttl, visit, checkpoint, then per log: its number of entries, then
-# index, value pairs. Returns -1 if the epoch moved on (nothing written), else 1 if a cancel was
-# asked for, 0 if not.
-REDIS_CHECKPOINT_SCRIPT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local ttl = tonumber(ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ttl)
-redis.call('EXPIRE', KEYS[1], ttl)
-local a = 5
-for k = 4, #KEYS do
-  local count = tonumber(ARGV[a])
-  if count > 0 then
-    redis.call('HSET', KEYS[k], unpack(ARGV, a + 1, a + 2 * count))
-    redis.call('EXPIRE', KEYS[k], ttl)
-  end
-  a = a + 2 * count + 1
-end
-return redis.call('EXISTS', KEYS[3])
-"""
-# The claim mirrors its new epoch: only ever upwards, so a late mirror never lowers the fence.
-REDIS_EPOCH_SCRIPT = """
-local now = tonumber(redis.call('GET', KEYS[1]) or '0')
-if now < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
-return 0
-"""
-
-
-class OursRedis(Ours):
-    """Ours with `checkpoint_commit` swapped for one Redis round trip for this run only; the claim
-    (PostgreSQL) mirrors its epoch into Redis; the run row's counters and lease (once a second
-    and at the end) and an outbox stay in PostgreSQL. Refused unless the server persists."""
-
-    def __init__(self, name: str, url: str, appendfsync: str):
-        super().__init__(schema=f"bench_{name}")
-        self.name, self.url, self.appendfsync = name, url, appendfsync
-
-    def open(self) -> None:
-        self.redis = redis.Redis.from_url(self.url)
-        config = {**self.redis.config_get("appendonly"), **self.redis.config_get("save"),
-                  **self.redis.config_get("appendfsync")}
-        if config["appendonly"] != "yes" and not config["save"].strip():
-            raise RuntimeError(f"{self.url} keeps nothing on disk (appendonly no, no RDB saves)")
-        if config["appendonly"] != "yes" or config["appendfsync"] != self.appendfsync:
-            raise RuntimeError(f"{self.name} wants appendonly yes, appendfsync {self.appendfsync}; "
-                               f"{self.url} has {config}")
-        self.checkpoint_script = self.redis.register_script(REDIS_CHECKPOINT_SCRIPT)
-        self.epoch_script = self.redis.register_script(REDIS_EPOCH_SCRIPT)
-        super().open()
-
-    def _key(self, run_id: Any, what: str) -> str:
-        return f"run:{{{self.schema}:{run_id}}}:{what}"
-
-    def _claim(self, claim: Callable) -> Callable:
-        def run_claim_read(*, run_id, owner):
-            run = claim(run_id=run_id, owner=owner)
-            if run is not None:
-                self.epoch_script(keys=[self._key(run.id, "epoch")],
-                                  args=[run.lease_epoch, REDIS_TTL_SECONDS])
-            return run
-        return run_claim_read
-
-    def _checkpoint_commit(self, commit: Callable) -> Callable:
-        from runs.engine.outcome import LeaseLost
-        from runs.engine.store import run_fence
-        from runs.leases import fenced_write_refused
-
-        def checkpoint_commit(*, run, epoch, position, touch_run=True, **run_fields) -> bool:
-            if position.pending_outbox:  # the outbox is the effect ledger's: PostgreSQL
-                return commit(run=run, epoch=epoch, position=position, touch_run=touch_run,
-                              **run_fields)
-            logs: dict[str, list] = {}
-            for entry in position.pending_entries:
-                logs.setdefault(entry.log, []).extend([entry.index, json.dumps(entry.value)])
-            checkpoint = json.dumps({
-                "visit": position.visit, "step": position.step, "state": position.state,
-                "log_offsets": position.offsets, "agent_version": run.agent_version,
-                "topology_hash": run.topology_hash, "waiting": position.waiting}, default=str)
-            args: list[Any] = [epoch, REDIS_TTL_SECONDS, position.visit, checkpoint]
-            for values in logs.values():
-                args += [len(values) // 2, *values]
-            written = self.checkpoint_script(
-                keys=[self._key(run.id, "epoch"), self._key(run.id, "checkpoints"),
-                      self._key(run.id, "cancel"), *(self._key(run.id, f"log:{log}") for log in logs)],
-                args=args)
-            if written < 0:
-                raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(
-                    f"run {run.id}: lease epoch {epoch} was taken over (redis)")))
-            cancel = bool(written)
-            if touch_run or run_fields:  # the lease and the run's counters live in PostgreSQL
-                cancel |= run_fence(run=run, epoch=epoch, visit=position.visit, **run_fields)
-            return cancel
-        return checkpoint_commit
-
-    def run(self, steps: int) -> tuple[float, Any]:
-        from runs.engine import claims, writer
-
-        with mock.patch.object(claims, "run_claim_read", self._claim(claims.run_claim_read)), \
-                mock.patch.object(writer, "checkpoint_commit",
-                                  self._checkpoint_commit(writer.checkpoint_commit)):
-            return super().run(steps)
-
-    def row_bytes(self, key: Any) -> int:
-        keys = self.redis.keys(self._key(key, "*"))
-        return super().row_bytes(key) + sum(self.redis.memory_usage(k) or 0 for k in keys)
-
-    def disk_bytes(self) -> int:
-        return super().disk_bytes() + int(self.redis.info("persistence")["aof_current_size"])
-
-    def close(self) -> None:
-        for key in self.redis.scan_iter(match=f"run:{{{self.schema}:*"):
-            self.redis.delete(key)
-        super().close()
-        self.redis.close()
 
 
 class Floor(Contender):
@@ -624,13 +498,6 @@ def report(*, contenders: list[Contender], lengths: list[int],
           + " ".join(f"{name}={shown(g, 2)}" for name, g in growths.items() if name in
                      {c.name for c in contenders}) + f"; ours on disk={shown(disk_growth, 2)}",
           file=out)
-    for name in ("ours_redis", "ours_redis_everysec"):
-        for steps in lengths:
-            mine, base = results.get((name, steps)), results.get(("ours", steps))
-            if mine is not None and base is not None:
-                print(f"{name} at {steps} steps: {mine.steps_per_second / base.steps_per_second:.2f}"
-                      f"× ours' steps/s ({mine.ms_per_step:.3f} vs {base.ms_per_step:.3f} ms/step)",
-                      file=out)
     if ratios["floor"] is not None:
         print(f"ours at {middle} steps runs at {ratios['floor']:.2f}× the floor's steps/s "
               f"({1 / ratios['floor']:.2f}× its time per step)", file=out)
@@ -654,12 +521,8 @@ def contenders_make(names: Iterable[str], *, dbos_database: str, keep: bool) -> 
 
     dsn = server_dsn(settings.DATABASES["default"]["NAME"])
     make = {"floor": lambda: Floor(dsn), "ours": Ours, "dbos": lambda: DbosLoop(dbos_database, keep),
-            "langgraph": lambda: LangGraphLoop(dsn),
-            "ours_redis": lambda: OursRedis("ours_redis", os.environ.get(
-                "BENCH_REDIS_URL", "redis://127.0.0.1:6390/0"), "always"),
-            "ours_redis_everysec": lambda: OursRedis("ours_redis_everysec", os.environ.get(
-                "BENCH_REDIS_EVERYSEC_URL", "redis://127.0.0.1:6391/0"), "everysec")}
-    order = ("floor", "ours", "ours_redis", "ours_redis_everysec", "dbos", "langgraph")
+            "langgraph": lambda: LangGraphLoop(dsn)}
+    order = ("floor", "ours", "dbos", "langgraph")
     return [make[name]() for name in order if name in set(names)]
 
 
