@@ -7,10 +7,10 @@
 2. Shows that nothing is held for them: Celery active tasks, worker threads and PostgreSQL
    connections, measured before and after parking.
 3. Starts `manage.py runserver` and sends 1,000 signed Slack Events API requests over real HTTP
-   (paced, default 10/s, each sent on time by a pool of sender threads whatever the answers
-   take) at random parked runs. Latency = the run's lease claim (`started_at`, left NULL by the
-   bulk insert so the resume's claim sets it) minus the moment the request was sent: every hop
-   between the webhook and the worker that claims the run.
+   (paced, default 10/s, by a pool of `--senders` threads, so a slow answer delays no later
+   send until all are busy) at random parked runs. Latency = the run's lease claim
+   (`started_at`, left NULL by the bulk insert so the resume's claim sets it) minus the moment
+   the request was due: every hop between the webhook and the worker that claims the run.
 4. `--sweep`: then the same at 10, 20, 40, 80 … events/s (`--sweep-events` each, on other
    parked runs, each round drained before the next) until p50 passes 100 ms.
 
@@ -183,11 +183,13 @@ class Round:
 
 
 class Sender:
-    """Signed Slack events, each sent at its planned time by a pool of threads (open loop: a
-    slow answer delays no later send)."""
+    """Signed Slack events, each due at its planned time, sent by a pool of threads (a slow
+    answer delays no later send until all are busy). Each is timed from when it was due, so a
+    backlog in the pool counts. Few threads: every request holds a PostgreSQL connection, and
+    the server's max_connections is shared."""
 
-    def __init__(self, web: "WebServer", slack, secret: str):
-        self.web, self.slack, self.secret = web, slack, secret
+    def __init__(self, web: "WebServer", slack, secret: str, threads: int):
+        self.web, self.slack, self.secret, self.threads = web, slack, secret, threads
         self.path = f"/webhooks/slack/{slack.id}/events"
         self.failures: list[str] = []
         self.lock = threading.Lock()
@@ -199,14 +201,14 @@ class Sender:
         sent_at: dict[str, float] = {}
         answered_at: dict[str, float] = {}
 
-        def send(channel: str) -> None:
+        def send(channel: str, due: float) -> None:
             body = event_body(self.slack.team_id, {"type": "message", "channel": channel,
                                                    "user": "U1", "text": f"go {channel}"})
             ts = str(int(time.time()))
             headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts,
                        "X-Slack-Signature": slack_signature(secret=self.secret, timestamp=ts,
                                                             body=body)}
-            sent_at[channel] = time.time()
+            sent_at[channel] = due
             status = self.web.post(self.path, body, headers)
             answered_at[channel] = time.time()
             if status != 200:
@@ -214,12 +216,12 @@ class Sender:
                     self.failures.append(f"webhook answered {status} for {channel}")
 
         begin = time.monotonic()
-        with ThreadPoolExecutor(max_workers=64) as pool:
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
             for i, channel in enumerate(channels):
                 pause = begin + i / rate - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)  # pacing the sender, not waiting on a result
-                pool.submit(send, channel)
+                pool.submit(send, channel, time.time())
         if self.failures:
             raise SystemExit("; ".join(self.failures[:5]))
         return sent_at, answered_at, time.monotonic() - begin
@@ -263,6 +265,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sweep-from", type=float, default=10.0)
     parser.add_argument("--sweep-events", type=int, default=300, help="events per sweep rate")
     parser.add_argument("--sweep-max", type=float, default=1280.0)
+    parser.add_argument("--senders", type=int, default=8, help="threads sending the events")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--port", type=int, default=0, help="runserver's port (default by slot)")
@@ -308,7 +311,7 @@ def main(argv: list[str]) -> int:
         web = WebServer(args.port or 18765 + slot, platform.env, platform.logs / "runserver.log")
         try:
             web.wait_ready(platform.wait_for)
-            sender = Sender(web, slack, secret)
+            sender = Sender(web, slack, secret, args.senders)
             unused = [f"C{n}" for n in random.sample(range(1, args.parked + 1), args.parked)]
             with platform.tenant("resume_bench"):
                 first = round_measure(platform, sender, [unused.pop() for _ in
