@@ -514,7 +514,9 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
 def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, event: str,
                **event_data) -> bool:
     """Wake a parked run: in the caller's transaction, write the checkpoint it resumes from
-    (the chosen next step, and what it waited for merged into its state), put it in line.
+    (the chosen next step, and what it waited for merged into its state), put it in line and
+    dispatch it there (`dispatch_ready(wait=True)`, which holds the dispatcher's lock until
+    the caller commits: the caller does little after this).
 
     Returns False if the run is not parked at `visit` any more (a stale wake-up). What it
     waited for, too large for its state, is state_too_large (nothing is written)."""
@@ -537,7 +539,10 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
                                          updated_at=timezone.now())
     inbox().wakeup_cancel(run_id=run_id)
     event_record(run_id=run_id, kind=event, visit=visit, **event_data)
-    run_enqueue(run_id)
+    ready_mark(run_id=run_id)
+    # Handed out in this transaction if fair dispatch picks it now: its task is sent as the
+    # wake-up commits, the only hop to a worker (else it waits in line for the dispatcher).
+    dispatch_ready(wait=True)
     return True
 
 
