@@ -23,6 +23,7 @@ import argparse
 import http.client
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,8 +143,6 @@ class WebServer:
         return self
 
     def stop(self):
-        import signal
-
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=15)
@@ -270,6 +269,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--port", type=int, default=0, help="runserver's port (default by slot)")
     args = parser.parse_args(argv)
+    # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     slot = slot_environment()
     import django
 
@@ -308,7 +309,10 @@ def main(argv: list[str]) -> int:
             print(f"  {name:15} before parking {before[name]:5}   after {after[name]:5}")
         slots_held = after["run_tasks"]  # worker slots running a run (parked ones need none)
 
-        web = WebServer(args.port or 18765 + slot, platform.env, platform.logs / "runserver.log")
+        # runserver starts a thread per request: a connection kept for CONN_MAX_AGE outlives its
+        # thread, and under load they pile up to the server's max_connections
+        web = WebServer(args.port or 18765 + slot, {**platform.env, "DATABASE_CONN_MAX_AGE": "0"},
+                        platform.logs / "runserver.log")
         try:
             web.wait_ready(platform.wait_for)
             sender = Sender(web, slack, secret, args.senders)
