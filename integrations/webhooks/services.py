@@ -8,7 +8,7 @@ woken and, if fair dispatch picks it, its task is sent as this commits) and mark
 delivered; only then answer 200. A delivery that raises is rolled back alone and leaves the item
 pending; the beat sweep (`inbox_sweep`) rings `inbox_deliver` for it, retried with backoff, and
 after WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed (docs/decisions/0007-webhook-inbox.md,
-0024-one-hop-wake-up.md).
+0025-one-hop-wake-up.md).
 """
 
 import base64

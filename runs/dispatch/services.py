@@ -86,14 +86,16 @@ def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
     rows.delete()
 
 
-def dispatch_ready(*, budget: int | None = None, wait: bool = False) -> int:
-    """Pick the next ready runs in fair order and ring their doorbells. Returns how many.
+def dispatch_ready(*, budget: int | None = None, wait: bool = False,
+                   robust: bool = False) -> int | None:
+    """Pick the next ready runs in fair order and ring their doorbells (on commit). Returns
+    how many, or None if another dispatcher holds the lock and `wait` is not set.
 
-    `wait` (a wake-up, in the transaction that put its run in line): wait for any other
-    dispatcher instead of leaving the pick to it, so this transaction's own run is seen and,
-    if the fair order and the caps pick it now, its task is sent as the caller commits (one
-    hop); if not, it stays in line for the next dispatcher. The lock is held until the caller
-    commits: call it last. A send that fails puts its row back in line for the next tick."""
+    Called inside a wake-up's transaction, it sees the run that transaction put in line, and
+    holds the dispatcher's lock until that commits. `wait`: wait for another dispatcher rather
+    than leave the pick to it; only in a transaction that holds no other locks (two that each
+    hold a run and wait for the other's lock would deadlock). `robust`: a send that fails puts
+    its row back in line for the next tick, not the watchdog, and raises nothing."""
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     with transaction.atomic(), connection.cursor() as cursor:
         if wait:
@@ -101,7 +103,7 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False) -> int:
         else:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
             if not cursor.fetchone()[0]:
-                return 0  # another dispatcher is at it; the next tick picks up the rest
+                return None  # another dispatcher is at it
         cursor.execute(
             f"""
             WITH inflight AS (
@@ -129,13 +131,13 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False) -> int:
         # each rings once the pick commits, in the trace of whoever made it runnable
         for schema, run_id, branch, traceparent, row_id, dispatched_at in picked:
             unrung = partial(_ready_undispatch, row_id=row_id, dispatched_at=dispatched_at) \
-                if wait else None
+                if robust else None
             if branch < 0:
                 doorbell_ring("runs.advance", [str(run_id)], schema=schema,
-                              traceparent=traceparent, robust=wait, unrung=unrung)
+                              traceparent=traceparent, robust=robust, unrung=unrung)
             else:
                 doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema,
-                              traceparent=traceparent, robust=wait, unrung=unrung)
+                              traceparent=traceparent, robust=robust, unrung=unrung)
     return len(picked)
 
 
