@@ -3,6 +3,7 @@
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -38,9 +39,15 @@ class Started:
 
 
 def run_enqueue(run_id: UUID) -> None:
-    """Put the run in line (in the caller's transaction) and dispatch after commit."""
+    """Put the run in line, in the caller's transaction, and hand it out there if fair dispatch
+    picks it now: its task is sent as the caller commits, the only hop to a worker (decision
+    0025). The dispatcher's lock, if free, is held until the caller commits: call this last.
+    If another dispatcher holds it, the dispatcher runs again once the caller commits, waiting
+    for the lock then (holding nothing else, so two callers never wait for each other's runs
+    and lock)."""
     ready_mark(run_id=run_id)
-    transaction.on_commit(dispatch_ready)
+    if dispatch_ready(robust=True) is None:
+        transaction.on_commit(partial(dispatch_ready, wait=True, robust=True))
 
 
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
@@ -514,7 +521,8 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
 def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, event: str,
                **event_data) -> bool:
     """Wake a parked run: in the caller's transaction, write the checkpoint it resumes from
-    (the chosen next step, and what it waited for merged into its state), put it in line.
+    (the chosen next step, and what it waited for merged into its state), put it in line and
+    hand it out (`run_enqueue`: the caller does little after this).
 
     Returns False if the run is not parked at `visit` any more (a stale wake-up). What it
     waited for, too large for its state, is state_too_large (nothing is written)."""
@@ -537,7 +545,7 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
                                          updated_at=timezone.now())
     inbox().wakeup_cancel(run_id=run_id)
     event_record(run_id=run_id, kind=event, visit=visit, **event_data)
-    run_enqueue(run_id)
+    run_enqueue(run_id)  # the only hop to a worker: see there
     return True
 
 

@@ -1,13 +1,14 @@
 """Webhook verbs: connect a Slack workspace or a Gmail mailbox to a tenant; accept a Slack
 event, a Slack button click or a Gmail push; deliver them from the inbox.
 
-Accepting is fast and does no tenant work: verify, then in one transaction write the dedupe
-row (a public-schema row per delivery id) and an inbox item holding the raw event or decision,
-and only then answer 200. A doorbell task carrying the item's id is rung on commit; the beat
-sweep (`inbox_sweep`) delivers what a lost doorbell left pending. Delivery runs the tenant work
-(`approvals.services.event_deliver`, `approval_decide`) and marks the item delivered in one
-transaction; a delivery that raises leaves it pending, retried with backoff, and after
-WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed (docs/decisions/0007-webhook-inbox.md).
+Accepting does everything in the request, in one transaction: verify; write the dedupe row (a
+public-schema row per delivery id) and an inbox item holding the raw event or decision; deliver
+it (`approvals.services.event_deliver`, `approval_decide`, in the tenant's schema: the run is
+woken and, if fair dispatch picks it, its task is sent as this commits) and mark the item
+delivered; only then answer 200. A delivery that raises is rolled back alone and leaves the item
+pending; the beat sweep (`inbox_sweep`) rings `inbox_deliver` for it, retried with backoff, and
+after WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed (docs/decisions/0007-webhook-inbox.md,
+0025-one-hop-wake-up.md).
 """
 
 import base64
@@ -202,8 +203,8 @@ def _json(body: bytes | str, what: str = "The body") -> Any:
 
 
 def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> Accepted:
-    """An Events API request: verified, answered (url_verification) or recorded once and
-    handed to a worker. Retries (X-Slack-Retry-Num) of an event already seen are duplicates;
+    """An Events API request: verified, answered (url_verification) or recorded and delivered
+    once. Retries (X-Slack-Retry-Num) of an event already seen are duplicates;
     a retry of one we never recorded (we failed before) is accepted."""
     slack_request_verify(connection=connection, body=body,
                          timestamp=headers.get("X-Slack-Request-Timestamp"),
@@ -238,8 +239,8 @@ def slack_event_accept(*, connection: SlackConnection, body: bytes, headers) -> 
 
 def slack_interaction_accept(*, connection: SlackConnection, body: bytes, headers) -> int:
     """A button click (form field `payload`, type block_actions). Approve / Reject buttons carry
-    the approval id; each decision is an inbox item, decided by a worker in this connection's
-    tenant only. Slack may send the same interaction again: a decision already stored (same
+    the approval id; each decision is an inbox item, decided in this connection's tenant
+    only. Slack may send the same interaction again: a decision already stored (same
     approval, action_ts and user) is a duplicate. Returns how many decisions were stored."""
     slack_request_verify(connection=connection, body=body,
                          timestamp=headers.get("X-Slack-Request-Timestamp"),
@@ -293,7 +294,7 @@ def slack_interaction_accept(*, connection: SlackConnection, body: bytes, header
 
 def gmail_push_accept(*, connection: GmailConnection, body: bytes, authorization: str) -> bool:
     """A Pub/Sub push: the OIDC token verified against this connection, the message decoded,
-    recorded once by messageId and handed to a worker. Returns False for a duplicate."""
+    recorded and delivered once by messageId. Returns False for a duplicate."""
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise WebhookRejected("missing_token", "Send the push's OIDC token as a Bearer token.")
@@ -335,10 +336,13 @@ def gmail_push_accept(*, connection: GmailConnection, body: bytes, authorization
 
 def _inbox_put(*, tenant: Tenant, kind: str, source_id: str, payload: dict) -> InboxItem:
     """Store an accepted delivery (inside the caller's transaction, with its dedupe row) and
-    ring its doorbell once that commits."""
+    deliver it there too: the event wakes its run, whose task is sent as this commits (one hop
+    to a worker). A delivery that fails is rolled back alone and leaves the item pending, with
+    backoff, for the sweep."""
     item = InboxItem.objects.create(tenant=tenant, kind=kind, source_id=source_id,
                                     payload=payload)
-    _inbox_ring(item.id)
+    item.tenant = tenant
+    _inbox_attempt(item)
     return item
 
 
@@ -377,11 +381,9 @@ def _inbox_work(item: InboxItem) -> str:
 
 
 def inbox_deliver(*, item_id: int) -> str | None:
-    """Deliver one pending item: the tenant work and marking it delivered commit together, so
-    it is delivered once. A failure leaves it pending with backoff, or after
-    WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed with the error as its outcome. Returns the
-    outcome, or None if it was delivered already, is being delivered, must wait for its retry
-    time, or failed."""
+    """Deliver one pending item (a sweep's doorbell): the tenant work and marking it delivered
+    commit together, so it is delivered once. Returns the outcome, or None if it was delivered
+    already, is being delivered, must wait for its retry time, or failed."""
     with transaction.atomic():
         item = (InboxItem.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("tenant")
@@ -389,30 +391,38 @@ def inbox_deliver(*, item_id: int) -> str | None:
                 .filter(Q(attempts=0) | Q(next_attempt_at__lte=Now())).first())
         if item is None:
             return None
-        try:
-            with transaction.atomic(), tenant_context(item.tenant):
-                outcome = _inbox_work(item)
-        except Exception as exc:  # not acked away: the item stays pending and is retried
-            error = f"{type(exc).__name__}: {exc}"
-            attempts = item.attempts + 1
-            if attempts >= settings.WEBHOOK_INBOX_MAX_ATTEMPTS:  # a poison item stops here
-                log.error("inbox item %s (%s) failed %d times, giving up: %s", item.id,
-                          item.source_id, attempts, exc, exc_info=True)
-                InboxItem.objects.filter(id=item.id).update(
-                    status=InboxItem.Status.FAILED, outcome=error[:64], attempts=attempts,
-                    last_error=error[:4000])
-                return None
-            delay = min(settings.WEBHOOK_INBOX_BACKOFF_SECONDS * 2 ** item.attempts,
-                        settings.WEBHOOK_INBOX_BACKOFF_MAX_SECONDS)
-            log.warning("inbox item %s (%s) failed, retrying in %.1fs: %s", item.id,
-                        item.source_id, delay, exc, exc_info=True)
+        return _inbox_attempt(item)
+
+
+def _inbox_attempt(item: InboxItem) -> str | None:
+    """One delivery attempt of an item this transaction holds (it just wrote it, or locked it):
+    the tenant work in a savepoint, then the item marked delivered. A failure rolls back the
+    tenant work only and leaves the item pending with backoff, or after
+    WEBHOOK_INBOX_MAX_ATTEMPTS marks it failed with the error as its outcome (then None)."""
+    try:
+        with transaction.atomic(), tenant_context(item.tenant):
+            outcome = _inbox_work(item)
+    except Exception as exc:  # not acked away: the item stays pending and is retried
+        error = f"{type(exc).__name__}: {exc}"
+        attempts = item.attempts + 1
+        if attempts >= settings.WEBHOOK_INBOX_MAX_ATTEMPTS:  # a poison item stops here
+            log.error("inbox item %s (%s) failed %d times, giving up: %s", item.id,
+                      item.source_id, attempts, exc, exc_info=True)
             InboxItem.objects.filter(id=item.id).update(
-                attempts=attempts, last_error=error[:4000],
-                next_attempt_at=Now() + timedelta(seconds=delay))
+                status=InboxItem.Status.FAILED, outcome=error[:64], attempts=attempts,
+                last_error=error[:4000])
             return None
+        delay = min(settings.WEBHOOK_INBOX_BACKOFF_SECONDS * 2 ** item.attempts,
+                    settings.WEBHOOK_INBOX_BACKOFF_MAX_SECONDS)
+        log.warning("inbox item %s (%s) failed, retrying in %.1fs: %s", item.id,
+                    item.source_id, delay, exc, exc_info=True)
         InboxItem.objects.filter(id=item.id).update(
-            status=InboxItem.Status.DELIVERED, outcome=outcome[:64], attempts=item.attempts + 1,
-            delivered_at=Now())
+            attempts=attempts, last_error=error[:4000],
+            next_attempt_at=Now() + timedelta(seconds=delay))
+        return None
+    InboxItem.objects.filter(id=item.id).update(
+        status=InboxItem.Status.DELIVERED, outcome=outcome[:64], attempts=item.attempts + 1,
+        delivered_at=Now())
     return outcome
 
 

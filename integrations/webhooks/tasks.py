@@ -1,5 +1,6 @@
-"""Webhook work off the request path: the inbox doorbell and sweep (public schema; each item
-names its tenant), and the tasks an older version enqueued (tenant schema header)."""
+"""Webhook work off the request path: the inbox sweep and its doorbell, which retry items whose
+delivery in the request failed (public schema; each item names its tenant), and the tasks an
+older version enqueued (tenant schema header)."""
 
 import logging
 from uuid import UUID

@@ -1,6 +1,7 @@
 """Webhook endpoints (no API key: the connection in the URL names the tenant, and the request
-is verified against that connection's secret or OIDC identity). Answers fast; workers do the
-rest. Errors use the API's shape: {"error": {"code": ..., "message": ...}}."""
+is verified against that connection's secret or OIDC identity). The delivery wakes its run in
+the request's transaction; a worker runs it. Errors use the API's shape:
+{"error": {"code": ..., "message": ...}}."""
 
 import logging
 

@@ -11,7 +11,7 @@ current context while sending, so that in a worker Celery's own publish span is 
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import connection, transaction
 
@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = None,
-                  robust: bool = False, traceparent: str | None = None) -> None:
+                  robust: bool = False, traceparent: str | None = None,
+                  unrung: Callable[[], None] | None = None) -> None:
     """Send `task_name(*args)` on commit. `robust`: a broker that is away is logged, not
-    raised (for work a sweep picks up anyway). `traceparent`: the trace the task continues
+    raised (for work a sweep picks up anyway), and then `unrung()` is called (say, to put the
+    work back where a sweep finds it sooner). `traceparent`: the trace the task continues
     (default: the current span's; "": a trace of its own)."""
     # The schema is taken now, not at commit: a transaction that outlives its tenant_context
     # commits (and rings) after the connection went back to public.
@@ -42,5 +44,7 @@ def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = N
                 raise
             log.warning("%s%s: doorbell not rung; the sweep sends it", task_name, list(args),
                         exc_info=True)
+            if unrung is not None:
+                unrung()
 
     transaction.on_commit(send)

@@ -7,27 +7,36 @@
 2. Shows that nothing is held for them: Celery active tasks, worker threads and PostgreSQL
    connections, measured before and after parking.
 3. Starts `manage.py runserver` and sends 1,000 signed Slack Events API requests over real HTTP
-   (paced, default 10/s) at random parked runs. Latency = the run's lease claim
+   (paced, default 10/s, by a pool of `--senders` threads, so a slow answer delays no later
+   send until all are busy) at random parked runs. Latency = the run's lease claim
    (`started_at`, left NULL by the bulk insert so the resume's claim sets it) minus the moment
-   the request was sent: HTTP + verification + dedupe + enqueue, the worker's event_deliver,
-   the dispatcher, and the next worker claiming the run.
+   the request was due: every hop between the webhook and the worker that claims the run.
+4. `--sweep`: then the same at 10, 20, 40, 80 … events/s (`--sweep-events` each, on other
+   parked runs, each round drained before the next) until p50 passes 100 ms.
 
-Ends with one line: `resume: parked=<n> worker_slots_held=<n> p50_ms=<…> p99_ms=<…>`
+Runs on a database, Redis db and queue of its own (by BENCH_SLOT, else TEST_SLOT). Ends with
+the line `resume: parked=<n> worker_slots_held=<n> p50_ms=<…> p99_ms=<…>`, and with `--sweep`
+a second one: `resume_rate: p50_over_100ms_at=<n>/s p50_ms_by_rate=<rate>:<ms>,…`
 """
 
 import argparse
 import http.client
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from runs.agents import Agent
 from runs.transitions import finish, wait_for_event
 
+OWN_DJANGO_SETUP = True  # it picks its own database, Redis db and queue (by slot)
 ROOT = Path(__file__).resolve().parents[2]  # platform/<package>/ -> the checkout
 
 parked_agent = Agent("bench_parked", version=1)
@@ -134,8 +143,6 @@ class WebServer:
         return self
 
     def stop(self):
-        import signal
-
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=15)
@@ -146,15 +153,128 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
+def slot_environment() -> int:
+    """Database, Redis db and queue of this bench's own, derived from the slot."""
+    slot = int(os.environ.setdefault("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
+    os.environ.setdefault("BENCH_DATABASE_URL",
+                          f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_resume{slot}")
+    # as chaos and throughput: Redis dbs 1..7 by slot (run one of them per slot at a time)
+    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    return slot
+
+
+@dataclass
+class Round:
+    rate: float
+    sent_per_s: float
+    latencies: list[float]  # ms, sent -> run claimed
+    to_received: list[float]  # ms, sent -> the inbox row's received_at
+    answered: list[float]  # ms, sent -> the webhook's 200
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies, 99)
+
+
+class Sender:
+    """Signed Slack events, each due at its planned time, sent by a pool of threads (a slow
+    answer delays no later send until all are busy). Each is timed from when it was due, so a
+    backlog in the pool counts. Few threads: every request holds a PostgreSQL connection, and
+    the server's max_connections is shared."""
+
+    def __init__(self, web: "WebServer", slack, secret: str, threads: int):
+        self.web, self.slack, self.secret, self.threads = web, slack, secret, threads
+        self.path = f"/webhooks/slack/{slack.id}/events"
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+
+    def send_all(self, channels: list[str], rate: float) -> tuple[dict, dict, float]:
+        from integrations.webhooks.services import slack_signature
+        from tests.webhooks.slack import event_body
+
+        sent_at: dict[str, float] = {}
+        answered_at: dict[str, float] = {}
+
+        def send(channel: str, due: float) -> None:
+            body = event_body(self.slack.team_id, {"type": "message", "channel": channel,
+                                                   "user": "U1", "text": f"go {channel}"})
+            ts = str(int(time.time()))
+            headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts,
+                       "X-Slack-Signature": slack_signature(secret=self.secret, timestamp=ts,
+                                                            body=body)}
+            sent_at[channel] = due
+            status = self.web.post(self.path, body, headers)
+            answered_at[channel] = time.time()
+            if status != 200:
+                with self.lock:
+                    self.failures.append(f"webhook answered {status} for {channel}")
+
+        begin = time.monotonic()
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            for i, channel in enumerate(channels):
+                pause = begin + i / rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)  # pacing the sender, not waiting on a result
+                pool.submit(send, channel, time.time())
+        if self.failures:
+            raise SystemExit("; ".join(self.failures[:5]))
+        return sent_at, answered_at, time.monotonic() - begin
+
+
+def round_measure(platform, sender: Sender, channels: list[str], rate: float) -> Round:
+    """Send one event to each of `channels`' parked runs at `rate`; wait for every run to be
+    claimed and to finish; return the latencies."""
+    from runs.approvals.models import InboundEvent
+    from runs.models import Run
+
+    sent_at, answered_at, seconds = sender.send_all(channels, rate)
+    resumed = Run.objects.filter(input__channel__in=channels)
+    platform.wait_for(lambda: resumed.exclude(started_at=None).count() == len(channels),
+                      timeout=300, interval=0.2, what="every targeted run to start")
+    started = {i["channel"]: s.timestamp() for i, s in resumed.values_list("input", "started_at")}
+    received = {e.key: e.received_at.timestamp()
+                for e in InboundEvent.objects.filter(key__in=channels)}
+    platform.wait_for(lambda: resumed.filter(status="succeeded").count() == len(channels),
+                      timeout=300, interval=0.2, what="the resumed runs to finish")
+    return Round(rate=rate, sent_per_s=len(channels) / seconds if seconds else rate,
+                 latencies=[(started[c] - sent_at[c]) * 1000 for c in channels],
+                 to_received=[(received[c] - sent_at[c]) * 1000 for c in channels],
+                 answered=[(answered_at[c] - sent_at[c]) * 1000 for c in channels])
+
+
+def round_report(r: Round) -> str:
+    return (f"{r.rate:g}/s (sent at {r.sent_per_s:.1f}/s): p50 {r.p50:.0f} ms, p99 {r.p99:.0f} ms, "
+            f"max {max(r.latencies):.0f} ms; p50 sent -> event received "
+            f"{statistics.median(r.to_received):.0f} ms, -> answered 200 "
+            f"{statistics.median(r.answered):.0f} ms")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench resume")
     parser.add_argument("--parked", type=int, default=100_000)
     parser.add_argument("--events", type=int, default=1_000)
     parser.add_argument("--rate", type=float, default=10.0, help="events sent per second")
+    parser.add_argument("--sweep", action="store_true",
+                        help="then double the rate from --sweep-from until p50 passes 100 ms")
+    parser.add_argument("--sweep-from", type=float, default=10.0)
+    parser.add_argument("--sweep-events", type=int, default=300, help="events per sweep rate")
+    parser.add_argument("--sweep-max", type=float, default=1280.0)
+    parser.add_argument("--senders", type=int, default=8, help="threads sending the events")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--port", type=int, default=0, help="runserver's port (default by slot)")
     args = parser.parse_args(argv)
+    # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    slot = slot_environment()
+    import django
+
+    django.setup()
     env = {"AGENT_MODULES": "agents,bench.resume", "DISPATCH_TICK_SECONDS": "0.5",
            "DISPATCH_MAX_IN_FLIGHT": "16", "RUN_TENANT_MAX_IN_FLIGHT": "16"}
     os.environ.update(env)
@@ -164,12 +284,14 @@ def main(argv: list[str]) -> int:
     from django.db.models import Count
 
     from bench.platform import BenchPlatform
-    from integrations.webhooks.services import slack_connection_create, slack_signature
+    from integrations.webhooks.services import slack_connection_create
     from runs.models import Run, RunEvent
     from tenants.models import Tenant
-    from tests.webhooks.slack import event_body
 
+    with open("/proc/loadavg") as f:
+        print(f"load average before: {' '.join(f.read().split()[:3])}")
     secret = os.urandom(16).hex()
+    rounds: list[Round] = []
     with BenchPlatform(env=env, workers=args.workers, concurrency=args.concurrency) as platform:
         with platform.tenant("resume_bench"):
             pass
@@ -187,55 +309,44 @@ def main(argv: list[str]) -> int:
             print(f"  {name:15} before parking {before[name]:5}   after {after[name]:5}")
         slots_held = after["run_tasks"]  # worker slots running a run (parked ones need none)
 
-        web = WebServer(args.port, platform.env, platform.logs / "runserver.log")
+        # runserver starts a thread per request: a connection kept for CONN_MAX_AGE outlives its
+        # thread, and under load they pile up to the server's max_connections
+        web = WebServer(args.port or 18765 + slot, {**platform.env, "DATABASE_CONN_MAX_AGE": "0"},
+                        platform.logs / "runserver.log")
         try:
             web.wait_ready(platform.wait_for)
-            targets = random.sample(range(1, args.parked + 1), args.events)
-            sent_at: dict[str, float] = {}
-            path = f"/webhooks/slack/{slack.id}/events"
-            begin = time.monotonic()
-            for i, n in enumerate(targets):
-                body = event_body(slack.team_id, {"type": "message", "channel": f"C{n}",
-                                                  "user": "U1", "text": f"go {n}"})
-                ts = str(int(time.time()))
-                headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts,
-                           "X-Slack-Signature": slack_signature(secret=secret, timestamp=ts,
-                                                                body=body)}
-                pause = begin + i / args.rate - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)  # pacing the sender, not waiting on a result
-                sent_at[f"C{n}"] = time.time()
-                status = web.post(path, body, headers)
-                if status != 200:
-                    raise SystemExit(f"webhook answered {status} for C{n}")
-            print(f"sent {args.events} signed Slack events over HTTP (runserver) in "
-                  f"{time.monotonic() - begin:.1f}s")
+            sender = Sender(web, slack, secret, args.senders)
+            unused = [f"C{n}" for n in random.sample(range(1, args.parked + 1), args.parked)]
             with platform.tenant("resume_bench"):
-                resumed = Run.objects.filter(input__channel__in=list(sent_at))
-                platform.wait_for(lambda: resumed.exclude(started_at=None).count() == args.events,
-                                  timeout=300, interval=0.5, what="every targeted run to start")
-                latencies = [(started.timestamp() - sent_at[run_input["channel"]]) * 1000
-                             for run_input, started in resumed.values_list("input", "started_at")]
-                from runs.approvals.models import InboundEvent
-
-                received = {e.key: e.received_at.timestamp() for e in
-                            InboundEvent.objects.filter(key__in=list(sent_at))}
-                started_of = {i["channel"]: s.timestamp()
-                              for i, s in resumed.values_list("input", "started_at")}
-                to_worker = [(received[c] - sent_at[c]) * 1000 for c in sent_at]
-                to_claim = [(started_of[c] - received[c]) * 1000 for c in sent_at]
-                platform.wait_for(lambda: resumed.filter(status="succeeded").count() == args.events,
-                                  timeout=120, interval=0.5, what="the resumed runs to finish")
+                first = round_measure(platform, sender, [unused.pop() for _ in
+                                                         range(args.events)], args.rate)
+                print(f"sent {args.events} signed Slack events over HTTP (runserver): "
+                      f"{round_report(first)}")
+                rate = args.sweep_from
+                while args.sweep and rate <= args.sweep_max:
+                    if len(unused) < args.sweep_events:
+                        print(f"  sweep stopped: fewer than {args.sweep_events} parked runs left")
+                        break
+                    rounds.append(round_measure(platform, sender, [unused.pop() for _ in
+                                                                   range(args.sweep_events)], rate))
+                    print(f"  sweep {round_report(rounds[-1])}", flush=True)
+                    if rounds[-1].p50 > 100:
+                        break
+                    rate *= 2
                 twice = (RunEvent.objects.filter(kind="event_received")
                          .values("run_id").annotate(n=Count("id")).filter(n__gt=1).count())
                 untouched = Run.objects.filter(status="waiting").count()
+                woken = parked - untouched
         finally:
             web.stop()
-    p50, p99 = statistics.median(latencies), percentile(latencies, 99)
-    print(f"  p50: sent -> event recorded by a worker {statistics.median(to_worker):.0f} ms; "
-          f"event recorded -> run claimed {statistics.median(to_claim):.0f} ms")
-    print(f"resumed {len(latencies)} runs, {twice} more than once; {untouched} still parked; "
-          f"latency max {max(latencies):.0f} ms")
-    print(f"resume: parked={parked} worker_slots_held={slots_held} p50_ms={p50:.0f} "
-          f"p99_ms={p99:.0f}")
+    with open("/proc/loadavg") as f:
+        print(f"load average after: {' '.join(f.read().split()[:3])}")
+    print(f"resumed {woken} runs, {twice} more than once; {untouched} still parked")
+    print(f"resume: parked={parked} worker_slots_held={slots_held} p50_ms={first.p50:.0f} "
+          f"p99_ms={first.p99:.0f}")
+    if args.sweep:
+        over = next((f"{r.rate:g}/s" for r in rounds if r.p50 > 100),
+                    f"none_up_to_{rounds[-1].rate:g}/s" if rounds else "none")
+        by_rate = ",".join(f"{r.rate:g}:{r.p50:.0f}" for r in rounds)
+        print(f"resume_rate: p50_over_100ms_at={over} p50_ms_by_rate={by_rate}")
     return 0

@@ -10,6 +10,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from uuid import UUID
 
 from django.conf import settings
@@ -85,13 +86,24 @@ def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
     rows.delete()
 
 
-def dispatch_ready(*, budget: int | None = None) -> int:
-    """Pick the next ready runs in fair order and ring their doorbells. Returns how many."""
+def dispatch_ready(*, budget: int | None = None, wait: bool = False,
+                   robust: bool = False) -> int | None:
+    """Pick the next ready runs in fair order and ring their doorbells (on commit). Returns
+    how many, or None if another dispatcher holds the lock and `wait` is not set.
+
+    Called inside a wake-up's transaction, it sees the run that transaction put in line, and
+    holds the dispatcher's lock until that commits. `wait`: wait for another dispatcher rather
+    than leave the pick to it; only in a transaction that holds no other locks (two that each
+    hold a run and wait for the other's lock would deadlock). `robust`: a send that fails puts
+    its row back in line for the next tick, not the watchdog, and raises nothing."""
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
-        if not cursor.fetchone()[0]:
-            return 0  # another dispatcher is at it; the next tick picks up the rest
+        if wait:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+        else:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+            if not cursor.fetchone()[0]:
+                return None  # another dispatcher is at it
         cursor.execute(
             f"""
             WITH inflight AS (
@@ -111,20 +123,32 @@ def dispatch_ready(*, budget: int | None = None) -> int:
                                        WHERE dispatched_at IS NOT NULL), 0)
             )
             UPDATE {READY} r SET dispatched_at = now() FROM picked WHERE r.id = picked.id
-            RETURNING r.schema_name, r.run_id, r.branch, r.traceparent
+            RETURNING r.schema_name, r.run_id, r.branch, r.traceparent, r.id, r.dispatched_at
             """,
             [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
         )
         picked = cursor.fetchall()
         # each rings once the pick commits, in the trace of whoever made it runnable
-        for schema, run_id, branch, traceparent in picked:
+        for schema, run_id, branch, traceparent, row_id, dispatched_at in picked:
+            unrung = partial(_ready_undispatch, row_id=row_id, dispatched_at=dispatched_at) \
+                if robust else None
             if branch < 0:
                 doorbell_ring("runs.advance", [str(run_id)], schema=schema,
-                              traceparent=traceparent)
+                              traceparent=traceparent, robust=robust, unrung=unrung)
             else:
                 doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema,
-                              traceparent=traceparent)
+                              traceparent=traceparent, robust=robust, unrung=unrung)
     return len(picked)
+
+
+def _ready_undispatch(*, row_id: int, dispatched_at: datetime) -> None:
+    """Its task was never sent (the broker was away): back in line, for the next dispatcher
+    rather than the watchdog's DISPATCH_REDELIVER_SECONDS."""
+    try:
+        ReadyRun.objects.filter(id=row_id, dispatched_at=dispatched_at).update(dispatched_at=None)
+    except Exception:  # the watchdog puts it back in line all the same
+        log.warning("ready row %s: not put back in line; the watchdog will", row_id,
+                    exc_info=True)
 
 
 def watchdog() -> dict[str, int]:
