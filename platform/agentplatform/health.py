@@ -19,11 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def postgres_check(timeout: float) -> None:
+    """A new connection answers a query within `timeout`. The statement timeout is set in the
+    query's transaction, not as a startup option: PgBouncer refuses unknown startup options."""
     db = settings.DATABASES["default"]
     with psycopg.connect(host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432,
                          dbname=db["NAME"], user=db.get("USER") or None,
-                         password=db.get("PASSWORD") or None, connect_timeout=max(1, round(timeout)),
-                         options=f"-c statement_timeout={int(timeout * 1000)}") as conn:
+                         password=db.get("PASSWORD") or None,
+                         connect_timeout=max(1, round(timeout))) as conn:
+        conn.execute(f"SET LOCAL statement_timeout = {int(timeout * 1000)}")
         conn.execute("SELECT 1")
 
 

@@ -379,7 +379,8 @@ def test_an_operator_migrates_a_failed_run_to_a_newer_version(acme):
     with tenant_context(acme):
         migrated = Run.objects.get(id=run.id)
         event = RunEvent.objects.get(run=run, kind="run_migrated")
-    assert migrated.agent_version == 2 and migrated.status == "queued"
+    # in line again (a session worker may have taken it already, and hands it back: unknown)
+    assert migrated.agent_version == 2 and migrated.status in ("queued", "running")
     assert event.data["by"] == f"user:{operator.username}" and event.data["to_version"] == 2
     refused = client.post(f"/t/acme/runs/{run.id}/migrate", {"version": "2"}, follow=True)
     assert "run_not_migratable" in text(refused)  # queued now: only waiting or failed runs

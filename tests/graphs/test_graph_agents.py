@@ -2,6 +2,8 @@
 supersteps as steps, effects in nodes through the ledger, interrupts as approvals and event
 waits, the graph's topology as the run's pin. Real workers: test_graph_workers.py."""
 
+import os
+import socket
 import uuid
 
 import pytest
@@ -65,10 +67,10 @@ def test_parallel_nodes_post_once_each(webhook, durability):
 
 
 def kill_saver_connection() -> None:
-    """What a restart or a pooler's timeout does to this thread's (a worker's) connection."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)",
-                       [driver._saver_connections.conn.info.backend_pid])
+    """What a restart or a pooler's timeout does to this thread's (a worker's) connection: its
+    socket is cut (a backend pid would name no fixed server connection behind PgBouncer)."""
+    conn = driver._saver_connections.conn
+    socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
 
 
 def test_a_checkpoint_connection_lost_while_idle_is_replaced(webhook):
