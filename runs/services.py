@@ -3,7 +3,6 @@
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +17,7 @@ from agentplatform.metrics import run_finished_count, run_started_count
 from runs.approvals.models import Approval, EventGate
 from runs.definitions.models import AgentDefinition
 from runs.dispatch.models import Wakeup
-from runs.dispatch.services import dispatch_ready, ready_clear, ready_mark
+from runs.dispatch.services import dispatch_after_commit, dispatch_ready, ready_clear, ready_mark
 from runs.usage.quotas import quota_check_start
 
 from .agents import UnknownAgent, registry
@@ -38,16 +37,16 @@ class Started:
     created: bool
 
 
-def run_enqueue(run_id: UUID) -> None:
-    """Put the run in line, in the caller's transaction, and hand it out there if fair dispatch
-    picks it now: its task is sent as the caller commits, the only hop to a worker (decision
-    0025). The dispatcher's lock, if free, is held until the caller commits: call this last.
-    If another dispatcher holds it, the dispatcher runs again once the caller commits, waiting
-    for the lock then (holding nothing else, so two callers never wait for each other's runs
-    and lock)."""
+def run_enqueue(run_id: UUID, *, now: bool = False) -> None:
+    """Put the run in line, in the caller's transaction; the dispatcher hands it out once that
+    commits (one dispatch per transaction), and its task is the only hop to a worker (decision
+    0025). `now`: the caller commits right after this (run_start): hand it out inside the
+    transaction if the dispatcher's lock is free, which saves the dispatch a transaction of
+    its own, the lock then held only until that commit."""
     ready_mark(run_id=run_id)
-    if dispatch_ready(robust=True) is None:
-        transaction.on_commit(partial(dispatch_ready, wait=True, robust=True))
+    if now and dispatch_ready(robust=True) is not None:
+        return
+    dispatch_after_commit()
 
 
 def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] | None = None,
@@ -98,6 +97,7 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
     for key, default in (definition.limits or {}).items():  # the agent's, where the caller set none
         if limits.get(key) is None:
             limits[key] = default
+    commits_here = not connection.in_atomic_block  # else the caller goes on after this
     try:
         with transaction.atomic():
             if parent_id is None:  # in the transaction that counts the run: see the lock there
@@ -115,9 +115,9 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             event_record(run_id=run.id, kind="run_created", visit=0, agent=run.agent,
                          version=run.agent_version, durability=durability,
                          **({"by": by} if by else {}))
-            if enqueue:
-                run_enqueue(run.id)
             run_started_count()
+            if enqueue:
+                run_enqueue(run.id, now=commits_here)  # last: it may hold the dispatcher's lock
     except IntegrityError:
         # Two requests raced on one idempotency key: the first one's run is the answer.
         existing = Run.objects.filter(idempotency_key=idempotency_key).first()

@@ -307,6 +307,9 @@ DISPATCH_MAX_IN_FLIGHT = env.int("DISPATCH_MAX_IN_FLIGHT", default=16)
 RUN_TENANT_MAX_IN_FLIGHT = env.int("RUN_TENANT_MAX_IN_FLIGHT", default=4)
 DISPATCH_CHECK_AFTER_SECONDS = env.float("DISPATCH_CHECK_AFTER_SECONDS", default=2.0)
 DISPATCH_REDELIVER_SECONDS = env.float("DISPATCH_REDELIVER_SECONDS", default=30.0)
+# How long the dispatch after a start or wake-up waits for another dispatcher's lock before
+# leaving its runs to the next tick.
+DISPATCH_LOCK_WAIT_SECONDS = env.float("DISPATCH_LOCK_WAIT_SECONDS", default=1.0)
 AGENT_MODULES = env.list("AGENT_MODULES", default=["agents"])
 # Tenant-defined agents (runs/definitions/limits.py): the limits a definition gets for every
 # key it leaves unset (max_turns, max_tokens, max_cost_usd, max_wall_seconds; a key set to null

@@ -13,8 +13,9 @@ from datetime import datetime, timedelta
 from functools import partial
 from uuid import UUID
 
+import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
@@ -89,16 +90,44 @@ def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
 def dispatch_ready(*, budget: int | None = None, wait: bool = False,
                    robust: bool = False) -> int | None:
     """Pick the next ready runs in fair order and ring their doorbells (on commit). Returns
-    how many, or None if another dispatcher holds the lock and `wait` is not set.
+    how many, or None if another dispatcher holds the lock.
 
-    Called inside a wake-up's transaction, it sees the run that transaction put in line, and
-    holds the dispatcher's lock until that commits. `wait`: wait for another dispatcher rather
-    than leave the pick to it; only in a transaction that holds no other locks (two that each
-    hold a run and wait for the other's lock would deadlock). `robust`: a send that fails puts
-    its row back in line for the next tick, not the watchdog, and raises nothing."""
+    Inside a caller's transaction it sees what that transaction put in line, and holds the
+    dispatcher's lock until it commits. `wait`: wait up to DISPATCH_LOCK_WAIT_SECONDS for
+    another dispatcher rather than leave the pick to it (then to the next tick); only in a
+    transaction that holds nothing else (`dispatch_after_commit`). `robust`: a send that fails
+    puts its row back in line for the next tick, not the watchdog, and raises nothing."""
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
+    try:
+        return _dispatch(budget=budget, wait=wait, robust=robust)
+    except OperationalError as exc:
+        if wait and isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+            return None  # a long pick holds it: the next tick hands these out
+        raise
+
+
+def dispatch_after_commit() -> None:
+    """Run the dispatcher once the caller's transaction commits (now, outside one), however
+    many runs it put in line: once per transaction, waiting for another dispatcher's lock in
+    a transaction of its own, so a caller never holds the dispatcher's lock while it goes on
+    (an event that wakes a thousand runs) and never waits for it while holding its runs."""
+    # One is enough if it was registered where it outlives this point: at this savepoint level
+    # or an enclosing one (one registered in a savepoint that may yet roll back is not).
+    here = set(connection.savepoint_ids)
+    if not any(func is _dispatch_waiting and sids <= here
+               for sids, func, _ in connection.run_on_commit):
+        transaction.on_commit(_dispatch_waiting, robust=True)
+
+
+def _dispatch_waiting() -> None:
+    dispatch_ready(wait=True, robust=True)
+
+
+def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
     with transaction.atomic(), connection.cursor() as cursor:
         if wait:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                           [f"{int(settings.DISPATCH_LOCK_WAIT_SECONDS * 1000)}ms"])
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
         else:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
@@ -122,7 +151,7 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False,
                  LIMIT greatest(%s - (SELECT count(*) FROM {READY}
                                        WHERE dispatched_at IS NOT NULL), 0)
             )
-            UPDATE {READY} r SET dispatched_at = now() FROM picked WHERE r.id = picked.id
+            UPDATE {READY} r SET dispatched_at = clock_timestamp() FROM picked WHERE r.id = picked.id
             RETURNING r.schema_name, r.run_id, r.branch, r.traceparent, r.id, r.dispatched_at
             """,
             [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],

@@ -395,8 +395,9 @@ def outbox_enqueue(*, run_id: UUID, name: str, connector: str, args: dict) -> Ou
 
 
 def outbox_kick() -> None:
-    """Ring the outbox deliverer once the caller's transaction commits."""
-    doorbell_ring("effects.outbox_deliver_due")
+    """Ring the outbox deliverer once the caller's transaction commits. A broker that is away
+    is logged, not raised: the messages are due in the due-index, and the sweep rings again."""
+    doorbell_ring("effects.outbox_deliver_due", robust=True)
 
 
 class OutboxError(ServiceError):

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
@@ -240,8 +240,10 @@ def api_rate_per_minute(*, tenant: Tenant) -> int | None:
 
 
 def quota_limits_changed(**_) -> None:
-    """A plan or a tenant's quotas changed (a model signal): read the limits again."""
+    """A plan or a tenant's quotas changed (a model signal): read the limits again, now and
+    once the change commits (a request meanwhile would cache the limit it still sees)."""
     _rates.clear()
+    transaction.on_commit(_rates.clear)
 
 
 def _current_tenant() -> Tenant | None:
