@@ -34,10 +34,13 @@ app.autodiscover_tasks()
 
 
 def task_route(name, args, kwargs, options, task=None, **kw):
-    """Outbox deliveries go to a queue of their own (read at send time: benchmarks and tests
-    change the queue names after start-up)."""
+    """Outbox deliveries go to a queue of their own, and the webhook inbox's tasks to theirs if
+    one is set (read at send time: benchmarks and tests change the queue names after
+    start-up)."""
     if name.startswith("effects.outbox_"):
         return {"queue": settings.CELERY_OUTBOX_QUEUE}
+    if name.startswith("webhooks.") and settings.CELERY_WEBHOOKS_QUEUE:
+        return {"queue": settings.CELERY_WEBHOOKS_QUEUE}
     return None
 
 

@@ -256,6 +256,10 @@ CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="agentplatform")
 # Outbox deliveries wait on slow receivers: their own queue and workers, so they never hold the
 # slots runs need (docs/decisions/0006-outbox-lease.md). Routed by agentplatform.celery.task_route.
 CELERY_OUTBOX_QUEUE = env("CELERY_OUTBOX_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-outbox")
+# The webhook inbox's retries (`webhooks.*` tasks: the sweep's redeliveries of items whose
+# delivery in their request failed); empty: the runs' queue. Production gives them a queue and
+# a worker of their own (deploy/production), so a burst of redeliveries never waits behind runs.
+CELERY_WEBHOOKS_QUEUE = env("CELERY_WEBHOOKS_QUEUE", default="")
 CELERY_TASK_ROUTES = ("agentplatform.celery.task_route",)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
