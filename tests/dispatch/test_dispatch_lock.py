@@ -16,10 +16,22 @@ from runs.approvals.services import event_submit
 from runs.dispatch.models import ReadyRun
 from runs.dispatch.services import DISPATCH_LOCK
 from runs.models import Run
-from runs.services import run_cancel, run_start
+from runs.services import RunError, run_cancel, run_start
+from tenants.models import Tenant
 from tests.support.runs import finished, start
 
-pytestmark = pytest.mark.usefixtures("no_beat")
+pytestmark = pytest.mark.usefixtures("no_beat", "room")
+
+
+@pytest.fixture
+def room(settings, acme):
+    """Caps that earlier tests' runs, still counted as handed out (no beat's watchdog here to
+    take them back), cannot fill: these tests are about the lock, not the caps."""
+    settings.DISPATCH_MAX_IN_FLIGHT = settings.RUN_TENANT_MAX_IN_FLIGHT = 100_000
+    cap = Tenant.objects.get(pk=acme.pk).max_in_flight
+    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=None)
+    yield
+    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=cap)
 
 
 def other_dispatcher() -> psycopg.Connection:
@@ -33,9 +45,12 @@ def dispatched(run_id) -> bool:
 
 
 def settle(*run_ids):
+    """Leave nothing in line: cancelled, unless a session worker took and ended it first."""
     for run_id in run_ids:
-        if not Run.objects.get(id=run_id).is_finished:
+        try:
             run_cancel(run_id=run_id, by="test")
+        except RunError:
+            assert Run.objects.get(id=run_id).is_finished
 
 
 def test_an_event_that_wakes_many_runs_leaves_the_lock_free_and_dispatches_them_on_commit(in_acme):
@@ -50,9 +65,8 @@ def test_an_event_that_wakes_many_runs_leaves_the_lock_free_and_dispatches_them_
             assert other.execute("SELECT pg_try_advisory_lock(%s)", [DISPATCH_LOCK]).fetchone()[0]
             other.execute("SELECT pg_advisory_unlock(%s)", [DISPATCH_LOCK])
             assert not any(dispatched(run_id) for run_id in parked)
-        # committed: dispatched at once, without a tick (at most the tenant's cap)
-        cap = min(settings.RUN_TENANT_MAX_IN_FLIGHT, 4)
-        assert sum(dispatched(run_id) for run_id in parked) == cap
+        # committed: dispatched at once, without a tick
+        assert all(dispatched(run_id) for run_id in parked)
     finally:
         other.close()
         settle(*parked)
