@@ -36,6 +36,9 @@ os.environ["CELERY_BROKER_URL"] = os.environ.get(
 # session's workers never take their runs.
 os.environ["CELERY_QUEUE"] = os.environ.get("TEST_CELERY_QUEUE", f"agentplatform-test{SLOT or ''}")
 os.environ["CELERY_OUTBOX_QUEUE"] = f"{os.environ['CELERY_QUEUE']}-outbox"
+# Many tests run with no beat (`no_beat`): no tick backs up a dispatch that gives up waiting for
+# the dispatcher's lock on a loaded machine, so the tests' processes wait longer for it.
+os.environ.setdefault("DISPATCH_LOCK_WAIT_SECONDS", "5")
 os.environ["S3_BUCKET"] = "agentplatform-test"
 os.environ["AWS_ACCESS_KEY_ID"] = "agentplatform-test"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "agentplatform-test-secret"

@@ -45,12 +45,15 @@ def dispatched(run_id) -> bool:
 
 
 def settle(*run_ids):
-    """Leave nothing in line: cancelled, unless a session worker took and ended it first."""
+    """Leave nothing in line or counted as handed out (the caps of the tests that follow):
+    cancelled, unless a session worker took and ended it first, and out of the ready list
+    (which, with no beat, no watchdog would clear)."""
     for run_id in run_ids:
         try:
             run_cancel(run_id=run_id, by="test")
         except RunError:
             assert Run.objects.get(id=run_id).is_finished
+        ReadyRun.objects.filter(run_id=run_id).delete()
 
 
 def test_an_event_that_wakes_many_runs_leaves_the_lock_free_and_dispatches_them_on_commit(in_acme):
