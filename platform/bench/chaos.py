@@ -38,6 +38,7 @@ import subprocess
 import time
 from collections import Counter, defaultdict
 
+from bench.database import slot_environment
 from runs.agents import Agent
 from runs.transitions import finish, goto, wait_for_event
 from tests.support.fakes.slack import FakeSlack
@@ -124,15 +125,6 @@ class SlackReceiver(FakeSlack):
             return Counter(m.get("text", "") for m in self.messages.get(channel, []))
 
 
-def slot_environment() -> int:
-    """Database, Redis db and queue of this bench's own, derived from the slot."""
-    slot = int(os.environ.get("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
-    os.environ.setdefault("BENCH_DATABASE_URL",
-                          f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_chaos{slot}")
-    # Test slots use Redis dbs 15..8 and the other benchmarks 13: chaos takes 1..7.
-    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    return slot
 
 
 def db_retry(read, *, what: str, timeout: float = 120.0):
@@ -216,7 +208,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=0, help="web server port (default by slot)")
     args = parser.parse_args(argv)
 
-    slot = slot_environment()
+    slot = slot_environment("chaos")
     slots = args.workers * args.concurrency
     env = {"AGENT_MODULES": "agents,bench.chaos", "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "true",
            "CONNECTOR_TIMEOUT_SECONDS": str(max(15.0, 3 * args.slow_seconds)),

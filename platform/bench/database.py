@@ -3,9 +3,24 @@
 Only databases whose name contains "bench" are ever dropped here.
 """
 
+import os
+
 import psycopg
 from django.conf import settings
 from django.core.management import call_command
+
+
+def slot_environment(bench: str) -> int:
+    """A bench's own database (`agentplatform_bench_<bench><slot>`) and Redis db, by BENCH_SLOT
+    (else TEST_SLOT), set in the environment its processes inherit, before Django starts. Test
+    slots use Redis dbs 15..8 and the other benchmarks 13: the benches that start workers take
+    1..7 by slot (run one of them per slot at a time). Returns the slot."""
+    slot = int(os.environ.setdefault("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
+    os.environ.setdefault("BENCH_DATABASE_URL",
+                          f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_{bench}{slot}")
+    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    return slot
 
 
 def server_dsn(dbname: str) -> str:

@@ -49,6 +49,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.database import slot_environment
 from runs.agents import Agent
 from runs.transitions import finish, goto
 from tests.support.fakes.webhook import FakeWebhook
@@ -335,17 +336,6 @@ def lost_runs_count(*, runs: dict, steps: int) -> int:
 
 # -- the bench -----------------------------------------------------------------------------------
 
-def slot_environment() -> int:
-    slot = int(os.environ.get("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
-    os.environ.setdefault(
-        "BENCH_DATABASE_URL",
-        f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_partition{slot}")
-    # Test slots use Redis dbs 15..8, the other benchmarks 13, chaos 1..7 (by slot): this bench
-    # shares chaos's db under queues of its own, and never flushes it.
-    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
-    os.environ.pop("BENCH_POOLER_URL", None)  # the hosts reach PostgreSQL itself, by their link
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    return slot
 
 
 def through_gateway(url: str) -> str:
@@ -415,7 +405,8 @@ def main(argv: list[str]) -> int:
         print(f"partition: cannot make hosts here: {why}")
         return 2
     random.seed(args.seed)
-    slot = slot_environment()
+    slot = slot_environment("partition")  # with chaos's Redis db, under queues of its own
+    os.environ.pop("BENCH_POOLER_URL", None)  # the hosts reach PostgreSQL itself, by their link
     ttl = args.lease_ttl
     env = {"AGENT_MODULES": "agents,bench.partition",
            "CONNECTOR_ALLOW_PRIVATE_DESTINATIONS": "true",

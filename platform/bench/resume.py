@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.database import slot_environment
 from runs.agents import Agent
 from runs.transitions import finish, wait_for_event
 
@@ -153,15 +154,6 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
-def slot_environment() -> int:
-    """Database, Redis db and queue of this bench's own, derived from the slot."""
-    slot = int(os.environ.setdefault("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
-    os.environ.setdefault("BENCH_DATABASE_URL",
-                          f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_resume{slot}")
-    # as chaos and throughput: Redis dbs 1..7 by slot (run one of them per slot at a time)
-    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    return slot
 
 
 @dataclass
@@ -271,7 +263,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    slot = slot_environment()
+    slot = slot_environment("resume")
     import django
 
     django.setup()

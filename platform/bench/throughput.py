@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.database import slot_environment
 from runs.agents import Agent
 from runs.transitions import finish, goto
 
@@ -415,15 +416,6 @@ def dbos_run(args, out) -> Measured:
                     cpu_seconds=cpu_used, transactions=tx - tx_before - polls)
 
 
-def slot_environment() -> int:
-    """Database, Redis db and queue of this bench's own, derived from the slot."""
-    slot = int(os.environ.setdefault("BENCH_SLOT", os.environ.get("TEST_SLOT", "0")))
-    os.environ.setdefault("BENCH_DATABASE_URL",
-                          f"postgres://postgres@127.0.0.1:5432/agentplatform_bench_throughput{slot}")
-    # as chaos: Redis dbs 1..7 by slot (do not run chaos and throughput on one slot at once)
-    os.environ.setdefault("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + slot % 7}")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    return slot
 
 
 def main(argv: list[str]) -> int:
@@ -448,7 +440,7 @@ def main(argv: list[str]) -> int:
     systems = args.systems.split(",")
     # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    slot_environment()
+    slot_environment("throughput")
     import django
 
     django.setup()
