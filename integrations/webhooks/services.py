@@ -341,7 +341,6 @@ def _inbox_put(*, tenant: Tenant, kind: str, source_id: str, payload: dict) -> I
     backoff, for the sweep."""
     item = InboxItem.objects.create(tenant=tenant, kind=kind, source_id=source_id,
                                     payload=payload)
-    item.tenant = tenant
     _inbox_attempt(item)
     return item
 

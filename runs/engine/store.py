@@ -172,8 +172,10 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
     ]
     if not outbox:
         row = _prepared(sql, params)
-    else:  # the messages and the tenant's mark in the due-index commit together
-        with transaction.atomic():
+    else:
+        # The messages and the tenant's mark in the due-index commit together; inside a
+        # caller's transaction no savepoint is needed (a failure there fails it whole).
+        with transaction.atomic(savepoint=False):
             row = _prepared(sql, params)
             if row is not None:
                 _prepared(due_mark_sql(), [TenantDue.What.OUTBOX.value, None, schema])
