@@ -195,6 +195,18 @@ def no_beat():
         holder.stop()
 
 
+@pytest.fixture
+def room(settings, acme):
+    """Caps that earlier tests' runs, still counted as handed out (no beat's watchdog about to
+    take them back, with `no_beat`), cannot fill: for tests about who hands a run out, not the
+    caps. In this process only (the dispatches a test's requests make)."""
+    settings.DISPATCH_MAX_IN_FLIGHT = settings.RUN_TENANT_MAX_IN_FLIGHT = 100_000
+    cap = Tenant.objects.get(pk=acme.pk).max_in_flight
+    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=None)
+    yield
+    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=cap)
+
+
 @pytest.fixture(scope="session")
 def _session_worker(celery_queue_clean, s3, _session_beat):
     workers = [Worker("session-worker", concurrency=2).wait_ready()]

@@ -36,8 +36,10 @@ class CeleryProcess:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
-                       **(env or {})}
+        # this process's settings module (under override_settings, settings.SETTINGS_MODULE
+        # is None: the environment's is the one it was loaded from)
+        module = os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE
+        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": module, **(env or {})}
         self.process = subprocess.Popen(
             [*(prefix or []), sys.executable, "-m", "celery", "-A", "agentplatform", *args],
             cwd=ROOT, env=environment, stdout=self.log_path.open("wb"),

@@ -7,9 +7,7 @@ No beat runs, so nothing but the code under test hands a run out."""
 import threading
 import uuid
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import transaction
 
 from runs.approvals.services import event_submit
@@ -17,27 +15,9 @@ from runs.dispatch.models import ReadyRun
 from runs.dispatch.services import DISPATCH_LOCK
 from runs.models import Run
 from runs.services import RunError, run_cancel, run_start
-from tenants.models import Tenant
-from tests.support.runs import finished, start
+from tests.support.runs import finished, other_connection, start
 
 pytestmark = pytest.mark.usefixtures("no_beat", "room")
-
-
-@pytest.fixture
-def room(settings, acme):
-    """Caps that earlier tests' runs, still counted as handed out (no beat's watchdog here to
-    take them back), cannot fill: these tests are about the lock, not the caps."""
-    settings.DISPATCH_MAX_IN_FLIGHT = settings.RUN_TENANT_MAX_IN_FLIGHT = 100_000
-    cap = Tenant.objects.get(pk=acme.pk).max_in_flight
-    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=None)
-    yield
-    Tenant.objects.filter(pk=acme.pk).update(max_in_flight=cap)
-
-
-def other_dispatcher() -> psycopg.Connection:
-    db = settings.DATABASES["default"]
-    return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
-                           dbname=db["NAME"], user=db["USER"] or None, autocommit=True)
 
 
 def dispatched(run_id) -> bool:
@@ -60,7 +40,7 @@ def test_an_event_that_wakes_many_runs_leaves_the_lock_free_and_dispatches_them_
     key = f"k-{uuid.uuid4().hex[:8]}"
     parked = [finished(start("waiter", input={"how": "event", "kind": "doc.signed",
                                               "key": key}).id).id for _ in range(4)]
-    other = other_dispatcher()
+    other = other_connection()
     try:
         with transaction.atomic():
             assert len(event_submit(kind="doc.signed", key=key, payload={}).resumed) == 4
@@ -78,7 +58,7 @@ def test_an_event_that_wakes_many_runs_leaves_the_lock_free_and_dispatches_them_
 def test_a_start_that_meets_another_dispatcher_is_handed_out_when_that_one_lets_go(in_acme,
                                                                                    settings):
     settings.DISPATCH_LOCK_WAIT_SECONDS = 30  # far more than the other one holds it
-    other = other_dispatcher()
+    other = other_connection()
     other.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK])
     release = threading.Timer(0.3, lambda: other.execute("SELECT pg_advisory_unlock(%s)",
                                                          [DISPATCH_LOCK]))
@@ -94,7 +74,7 @@ def test_a_start_that_meets_another_dispatcher_is_handed_out_when_that_one_lets_
 
 def test_a_start_gives_up_waiting_for_a_held_lock_and_stays_in_line(in_acme, settings):
     settings.DISPATCH_LOCK_WAIT_SECONDS = 0.2
-    other = other_dispatcher()
+    other = other_connection()
     other.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK])
     try:
         run = run_start(agent="slowpoke", input={"seconds": 0.1, "count": 1}).run  # no error

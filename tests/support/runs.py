@@ -2,8 +2,13 @@
 start a run and advance it to its end itself."""
 
 import time
+from contextlib import contextmanager
+
+import psycopg
+from django.conf import settings
 
 from runs import engine
+from runs.dispatch.services import DISPATCH_LOCK
 from runs.models import Run, RunEvent
 from runs.services import run_start
 
@@ -27,6 +32,24 @@ def finished(run_id, *, timeout: float = 30.0, **kwargs) -> Run:
         if outcome != engine.Outcome.NOT_CLAIMED or not busy or time.monotonic() > deadline:
             return run
         time.sleep(0.05)
+
+
+def other_connection() -> psycopg.Connection:
+    """A connection of its own to the test database, outside Django's."""
+    db = settings.DATABASES["default"]
+    return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
+                           dbname=db["NAME"], user=db["USER"] or None, autocommit=True)
+
+
+@contextmanager
+def dispatcher_held():
+    """Nothing is handed out meanwhile: another connection holds the dispatcher's lock, so a
+    tick or a session worker's hand-off skips (a wake-up's dispatch waits, then leaves it to
+    the next tick). For a test that parks a fan-out and runs its branches itself: take them out
+    of the ready list before letting go."""
+    with other_connection() as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK])
+        yield
 
 
 def kinds(run: Run) -> list[str]:
