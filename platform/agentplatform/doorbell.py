@@ -12,6 +12,7 @@ current context while sending, so that in a worker Celery's own publish span is 
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from django.db import connection, transaction
 
@@ -21,6 +22,17 @@ from agentplatform.telemetry import trace_attached, trace_parent
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Ring:
+    """One task to send: `task_name(*args)` in `schema`'s tenant, continuing `traceparent`'s
+    trace; `unrung()`, if given, is called if it could not be sent (robust rings)."""
+    task_name: str
+    args: Sequence
+    schema: str
+    traceparent: str
+    unrung: Callable[[], None] | None = None
+
+
 def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = None,
                   robust: bool = False, traceparent: str | None = None,
                   unrung: Callable[[], None] | None = None) -> None:
@@ -28,23 +40,44 @@ def doorbell_ring(task_name: str, args: Sequence = (), *, schema: str | None = N
     raised (for work a sweep picks up anyway), and then `unrung()` is called (say, to put the
     work back where a sweep finds it sooner). `traceparent`: the trace the task continues
     (default: the current span's; "": a trace of its own)."""
-    # The schema is taken now, not at commit: a transaction that outlives its tenant_context
-    # commits (and rings) after the connection went back to public.
-    headers = {"_schema_name": schema or connection.schema_name}
-    traceparent = trace_parent() if traceparent is None else traceparent
-    if traceparent:
-        headers["traceparent"] = traceparent
+    doorbell_ring_all([ring_of(task_name, args, schema=schema, traceparent=traceparent,
+                               unrung=unrung)], robust=robust)
 
+
+def ring_of(task_name: str, args: Sequence = (), *, schema: str | None = None,
+            traceparent: str | None = None, unrung: Callable[[], None] | None = None) -> Ring:
+    """A ring whose schema and trace are taken now (defaults: the connection's schema, the
+    current span), not at commit: a transaction that outlives its tenant_context commits (and
+    rings) after the connection went back to public."""
+    return Ring(task_name, list(args), schema or connection.schema_name,
+                trace_parent() if traceparent is None else traceparent, unrung)
+
+
+def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
+    """Send each on commit, in order. `robust`: at the first that cannot be sent the broker is
+    taken to be away: it and every one after it are unrung, not tried (each try costs the
+    publish retries), and nothing is raised."""
     def send() -> None:
-        try:
-            with trace_attached(traceparent):
-                app.send_task(task_name, args=list(args), headers=headers)
-        except Exception:
-            if not robust:
-                raise
-            log.warning("%s%s: doorbell not rung; the sweep sends it", task_name, list(args),
-                        exc_info=True)
-            if unrung is not None:
-                unrung()
+        for index, ring in enumerate(rings):
+            headers = {"_schema_name": ring.schema}
+            if ring.traceparent:
+                headers["traceparent"] = ring.traceparent
+            try:
+                with trace_attached(ring.traceparent):
+                    # No result is ever read: without ignore_result Celery subscribes the
+                    # sender to the task's result channel (a round trip per send, one
+                    # subscription kept per task, ~20 s of reconnecting when Redis is away)
+                    app.send_task(ring.task_name, args=ring.args, headers=headers,
+                                  ignore_result=True)
+            except Exception:
+                if not robust:
+                    raise
+                log.warning("%s%s and %d more: doorbell not rung; the sweep sends them",
+                            ring.task_name, ring.args, len(rings) - index - 1, exc_info=True)
+                for unsent in rings[index:]:
+                    if unsent.unrung is not None:
+                        unsent.unrung()
+                return
 
-    transaction.on_commit(send)
+    if rings:
+        transaction.on_commit(send)

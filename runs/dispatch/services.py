@@ -21,7 +21,7 @@ from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from agentplatform.doorbell import doorbell_ring
+from agentplatform.doorbell import doorbell_ring_all, ring_of
 from agentplatform.telemetry import trace_parent
 from tenants.models import Tenant
 
@@ -158,15 +158,14 @@ def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
         )
         picked = cursor.fetchall()
         # each rings once the pick commits, in the trace of whoever made it runnable
-        for schema, run_id, branch, traceparent, row_id, dispatched_at in picked:
-            unrung = partial(_ready_undispatch, row_id=row_id, dispatched_at=dispatched_at) \
-                if robust else None
-            if branch < 0:
-                doorbell_ring("runs.advance", [str(run_id)], schema=schema,
-                              traceparent=traceparent, robust=robust, unrung=unrung)
-            else:
-                doorbell_ring("runs.advance_branch", [str(run_id), branch], schema=schema,
-                              traceparent=traceparent, robust=robust, unrung=unrung)
+        doorbell_ring_all([
+            ring_of("runs.advance" if branch < 0 else "runs.advance_branch",
+                    [str(run_id)] if branch < 0 else [str(run_id), branch], schema=schema,
+                    traceparent=traceparent,
+                    unrung=partial(_ready_undispatch, row_id=row_id, dispatched_at=dispatched_at)
+                    if robust else None)
+            for schema, run_id, branch, traceparent, row_id, dispatched_at in picked
+        ], robust=robust)
     return len(picked)
 
 

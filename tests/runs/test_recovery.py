@@ -19,7 +19,7 @@ def holder_pid(run_id) -> int:
     """The pid of the process holding the run's lease (owner is host:pid)."""
     owner = wait_for(lambda: Run.objects.filter(id=run_id, status="running")
                      .exclude(lease_owner="").values_list("lease_owner", flat=True).first(),
-                     what="a worker to hold the run")
+                     timeout=60, what="a worker to hold the run")  # a lease to expire, under load
     return int(owner.rsplit(":", 1)[1])
 
 

@@ -93,24 +93,29 @@ def test_an_event_whose_task_cannot_be_sent_is_delivered_and_its_run_sent_later(
     }).start()
     try:
         channel = f"C{uuid.uuid4().hex[:9].upper()}"
-        run_id = parked_on_event(acme_api, channel)
+        runs = [parked_on_event(acme_api, channel) for _ in range(3)]
         body = message(acme_slack, channel, "later")
         headers = {key.removeprefix("HTTP_").replace("_", "-"): value
                    for key, value in signed_headers(SECRET, body).items()}
+        # Slack gives up after 3 s and retries: the answer must not wait on the broker (a
+        # send once took 19 s, Celery reconnecting to a result backend nobody reads).
         answer = requests.post(f"{server.url}/webhooks/slack/{acme_slack.id}/events", data=body,
                                headers={"Content-Type": "application/json", **headers},
-                               timeout=30)
+                               timeout=10)
         assert answer.status_code == 200, answer.text
+        # One failed send, not three: the first that fails puts it and the rest back in line.
         assert wait_for(lambda: server.log_tail(20000).count("doorbell not rung"),
                         what="the web server to log the send it could not make") == 1
         stored = InboxItem.objects.get(tenant=acme,
                                        source_id=f"slack:{json.loads(body)['event_id']}")
-        assert (stored.status, stored.outcome) == ("delivered", "resumed 1")
-        assert status_of(acme_api, run_id, "succeeded")["result"]["text"] == "later"
+        assert (stored.status, stored.outcome) == ("delivered", "resumed 3")
+        for run_id in runs:
+            assert status_of(acme_api, run_id, "succeeded")["result"]["text"] == "later"
     finally:
         server.stop()
     with tenant_context(acme):
-        assert RunEvent.objects.filter(run_id=run_id, kind="event_received").count() == 1
+        for run_id in runs:
+            assert RunEvent.objects.filter(run_id=run_id, kind="event_received").count() == 1
         assert InboundEvent.objects.filter(key=channel).count() == 1
 
 
