@@ -241,15 +241,14 @@ def worker(_session_worker, beat, outbox_worker):
 
 @pytest.fixture
 def start_worker(celery_queue_clean, s3, beat, outbox_worker):
-    """Start extra workers for one test (`env`: settings of their own; `wait`: until it
-    answers a ping); all are stopped afterwards."""
+    """Start extra workers for one test (`env`: settings of their own); all are stopped
+    afterwards."""
     started = []
 
-    def start(name: str, concurrency: int = 1, env: dict | None = None,
-              wait: bool = True) -> Worker:
+    def start(name: str, concurrency: int = 1, env: dict | None = None) -> Worker:
         process = Worker(f"{name}-{time.monotonic_ns()}", concurrency, env)
         started.append(process)
-        return process.wait_ready() if wait else process
+        return process.wait_ready()
 
     yield start
     for process in started:

@@ -130,7 +130,7 @@ def test_many_runs_with_random_worker_kills_each_effect_happens_once(
                                      what="a worker holding a run mid-step"))
         victim.kill()
         workers.remove(victim)
-        workers.append(start_worker(f"soak-{kills}", wait=False))  # takes runs once it is up
+        workers.append(start_worker(f"soak-{kills}"))
         kills += 1
     hold.unlink()
     wait_for(lambda: Run.objects.filter(id__in=runs, status="succeeded").count() == 200,
