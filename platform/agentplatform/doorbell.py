@@ -15,11 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
+from kombu.exceptions import OperationalError
 
 from agentplatform.celery import app
 from agentplatform.telemetry import trace_attached, trace_parent
 
 log = logging.getLogger(__name__)
+# What a send raises when the broker cannot be reached (Celery re-raises the transport's
+# connection errors as kombu's OperationalError).
+BROKER_AWAY = (OperationalError, OSError)
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,9 @@ def ring_of(task_name: str, args: Sequence = (), *, schema: str | None = None,
 
 
 def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
-    """Send each on commit, in order. `robust`: at the first that cannot be sent the broker is
-    taken to be away: it and every one after it are unrung, not tried (each try costs the
-    publish retries), and nothing is raised."""
+    """Send each on commit, in order. `robust`: nothing is raised; a ring that cannot be sent
+    is unrung, and at the first the broker refuses (a connection error) it is taken to be
+    away: every ring after it is unrung too, not tried (each try costs the publish retries)."""
     def send() -> None:
         for index, ring in enumerate(rings):
             headers = {"_schema_name": ring.schema}
@@ -69,15 +73,19 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
                     # subscription kept per task, ~20 s of reconnecting when Redis is away)
                     app.send_task(ring.task_name, args=ring.args, headers=headers,
                                   ignore_result=True)
-            except Exception:
+            except Exception as exc:
                 if not robust:
                     raise
-                log.warning("%s%s and %d more: doorbell not rung; the sweep sends them",
-                            ring.task_name, ring.args, len(rings) - index - 1, exc_info=True)
-                for unsent in rings[index:]:
-                    if unsent.unrung is not None:
-                        unsent.unrung()
-                return
+                away = isinstance(exc, BROKER_AWAY)
+                unsent = rings[index:] if away else [ring]
+                log.warning("%s%s%s: doorbell not rung; the sweep sends %s", ring.task_name,
+                            ring.args, f" and {len(unsent) - 1} more" if away else "",
+                            "them" if away else "it", exc_info=True)
+                for each in unsent:
+                    if each.unrung is not None:
+                        each.unrung()
+                if away:
+                    return
 
     if rings:
         transaction.on_commit(send)

@@ -42,12 +42,12 @@ def collect(ctx, state):
 def test_fan_out_branches_keep_their_own_sandbox_calls(in_acme, s3):
     run = run_start(agent="sandbox_fan", input={"words": ["north", "south", "east"]},
                     enqueue=False).run
-    with dispatcher_held():  # driven here, not by a session worker
+    with dispatcher_held():  # driven here, the join too, not by a session worker
         assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
         ReadyRun.objects.filter(run_id=run.id).delete()
-    for index in range(3):
-        assert engine.branch_advance(run_id=run.id, index=index) == engine.Outcome.ENDED
-    assert engine.advance(run_id=run.id, slice_seconds=600) == engine.Outcome.ENDED
+        for index in range(3):
+            assert engine.branch_advance(run_id=run.id, index=index) == engine.Outcome.ENDED
+        assert engine.advance(run_id=run.id, slice_seconds=600) == engine.Outcome.ENDED
     run = Run.objects.get(id=run.id)
     assert run.status == "succeeded" and run.result == ["north", "south", "east"]
     assert sorted(SandboxExecution.objects.filter(run=run).values_list("scope", "name")) == [
