@@ -365,7 +365,7 @@ def _fork_branches(fork: Run, branches: list[Branch], *, enqueue: bool) -> None:
     elif enqueue:
         for index in again:
             ready_mark(run_id=fork.id, branch=index)
-        transaction.on_commit(dispatch_ready)
+        dispatch_after_commit()
 
 
 def _budget_as_started(run: Run) -> dict[str, Any]:
@@ -456,7 +456,7 @@ def _branches_requeue(run_id: UUID, *, by: str) -> bool:
         Run.objects.filter(id=run.id).update(
             waiting_reason=f"fan_out: {len(pending)} branches", updated_at=timezone.now())
     event_record(run_id=run.id, kind="operator_requeued", by=by, branches=pending)
-    transaction.on_commit(dispatch_ready)
+    dispatch_after_commit()
     return True
 
 
@@ -514,7 +514,7 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
         for index in pending_branches:  # refused branches wait out of line: put them back
             ready_mark(run_id=run.id, branch=index)
         if pending_branches:
-            transaction.on_commit(dispatch_ready)
+            dispatch_after_commit()
     return Run.objects.get(id=run_id)
 
 
