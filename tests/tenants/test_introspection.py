@@ -24,13 +24,23 @@ def test_the_table_list_of_each_schema_is_djangos_own_for_it_alone(acme, globex)
             assert ("tenants_tenant" in names) == (schema == "public"), schema
 
 
-def test_a_schema_with_a_quoted_name_is_found(acme):
+def test_every_kind_of_relation_in_a_schema_with_a_quoted_name_is_found(acme):
     with connection.cursor() as cursor:
-        cursor.execute('CREATE SCHEMA IF NOT EXISTS "Odd-Name"')
-        cursor.execute('CREATE TABLE IF NOT EXISTS "Odd-Name".t (id int)')
+        cursor.execute('DROP SCHEMA IF EXISTS "Odd-Name" CASCADE')
+        cursor.execute('CREATE SCHEMA "Odd-Name"')
+        cursor.execute('CREATE TABLE "Odd-Name".t (id int)')
+        cursor.execute('CREATE VIEW "Odd-Name".v AS SELECT 1 AS one')
+        cursor.execute('CREATE MATERIALIZED VIEW "Odd-Name".m AS SELECT 1 AS one')
+        cursor.execute('CREATE TABLE "Odd-Name".p (id int) PARTITION BY RANGE (id)')
+        cursor.execute('CREATE TABLE "Odd-Name".p1 PARTITION OF "Odd-Name".p '
+                       'FOR VALUES FROM (0) TO (10)')
+        cursor.execute('CREATE INDEX ON "Odd-Name".t (id)')  # not a table: not listed
     try:
         with schema_context("Odd-Name"), connection.cursor() as cursor:
-            assert [t.name for t in connection.introspection.get_table_list(cursor)] == ["t"]
+            ours = connection.introspection.get_table_list(cursor)
+            assert sorted(ours) == sorted(stock_table_list(cursor))
+            assert sorted((t.name, t.type) for t in ours) == [
+                ("m", "v"), ("p", "t"), ("p1", "p"), ("t", "t"), ("v", "v")]
     finally:
         with connection.cursor() as cursor:
             cursor.execute('DROP SCHEMA "Odd-Name" CASCADE')
