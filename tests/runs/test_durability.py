@@ -20,9 +20,11 @@ class CheckpointWitness:
     checkpoints of the sending run are already committed."""
 
     def __init__(self, schema: str):
-        db = settings.DATABASES["default"]
+        # PostgreSQL itself, never preparing: through a transaction pool (POOLER=pgbouncer) a
+        # statement psycopg prepared on one server connection is missing on the next
+        db = settings.DATABASE_DIRECT
         self.db = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
-                                  dbname=db["NAME"], autocommit=True)
+                                  dbname=db["NAME"], autocommit=True, prepare_threshold=None)
         self.schema = schema
         self.seen: list[tuple[int, int]] = []  # (visit the step ran at, newest committed visit)
         witness = self
