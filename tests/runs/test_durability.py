@@ -4,14 +4,13 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from runs import engine
 from runs.models import Run
 from runs.services import run_start
+from tests.support.runs import other_connection
 from tests.support.waiting import wait_for
 
 
@@ -22,9 +21,7 @@ class CheckpointWitness:
     def __init__(self, schema: str):
         # PostgreSQL itself, never preparing: through a transaction pool (POOLER=pgbouncer) a
         # statement psycopg prepared on one server connection is missing on the next
-        db = settings.DATABASE_DIRECT
-        self.db = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
-                                  dbname=db["NAME"], autocommit=True, prepare_threshold=None)
+        self.db = other_connection()
         self.schema = schema
         self.seen: list[tuple[int, int]] = []  # (visit the step ran at, newest committed visit)
         witness = self

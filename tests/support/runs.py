@@ -36,10 +36,12 @@ def finished(run_id, *, timeout: float = 30.0, **kwargs) -> Run:
 
 def other_connection() -> psycopg.Connection:
     """A connection of its own to the test database, outside Django's: to PostgreSQL itself,
-    even when the tests go through a transaction pool (its session locks must stay put)."""
+    even when the tests go through a transaction pool (its session locks must stay put), and
+    preparing nothing."""
     db = settings.DATABASE_DIRECT
     return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
-                           dbname=db["NAME"], user=db["USER"] or None, autocommit=True)
+                           dbname=db["NAME"], user=db["USER"] or None, autocommit=True,
+                           prepare_threshold=None)
 
 
 @contextmanager
