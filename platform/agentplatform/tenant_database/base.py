@@ -87,7 +87,7 @@ class SchemaIntrospection(DatabaseIntrospection):
 
     The table list reads the schema's own relations through pg_depend's index instead of
     asking `pg_table_is_visible` of every relation in the database: with 2,000 tenant schemas
-    (290,000 relations) that took 0.3 to 1.4 s per call, against 9 to 15 ms, a few calls per
+    (290,000 relations) that took 0.2 to 1.4 s per call, against 9 to 15 ms, a few calls per
     schema's migrate, so `migrate_schemas` grew with the square of the tenants
     (docs/benchmarks.md, tenants)."""
 
