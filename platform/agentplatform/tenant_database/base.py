@@ -10,6 +10,7 @@ lasts until it ends. Nothing session-wide is ever left on a server connection.
 """
 
 import re
+import select
 from contextlib import contextmanager
 
 from django.core.exceptions import ImproperlyConfigured
@@ -17,7 +18,7 @@ from django.db.backends.postgresql.base import Cursor
 from django.db.backends.postgresql.introspection import DatabaseIntrospection, TableInfo
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 from django_tenants.utils import quote_schema_name
-from psycopg import sql
+from psycopg import pq, sql
 
 # Statements PostgreSQL refuses inside a transaction block (an implicit one included).
 # They get django-tenants' session setting instead: right straight to PostgreSQL only.
@@ -145,6 +146,27 @@ class DatabaseWrapper(TenantsDatabaseWrapper):
         params = super().get_connection_params()
         params["cursor_factory"] = SchemaCursor
         return params
+
+    def is_usable(self):
+        """Django's health check (CONN_HEALTH_CHECKS: before the first query of each request
+        and task) without its `SELECT 1` when nothing is amiss. An idle connection the server
+        closed (a restart, `pg_terminate_backend`, an idle timeout, a pooler's) has its socket
+        readable: its last message or end of file is waiting there. A socket with nothing to
+        read, on an idle connection, is used as is; anything else gets Django's round trip.
+        The check was a transaction and a round trip per request and per task: five per run
+        in `bench throughput` (docs/benchmarks.md). A peer that vanished without closing (a
+        cut cable) fails the first query instead, as `SELECT 1` would have hung on it."""
+        conn = self.connection
+        if conn is None or conn.closed:
+            return False
+        if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            try:
+                readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            except (OSError, ValueError):
+                return False
+            if not readable:
+                return True
+        return super().is_usable()
 
     def _cursor(self, name=None):
         if name:  # a server-side cursor: django-tenants' session setting (never behind a
