@@ -27,14 +27,21 @@ def heartbeat_start(**_) -> None:
 
 @shared_task(name="runs.advance")
 def advance(run_id: str) -> str:
-    """Run a slice of the run; then hand the freed slot to whoever is next in fair order. A
-    draining worker (SIGTERM) ends the slice after the step in progress."""
+    """Run a slice of the run; then hand the freed slot to whoever is next in fair order: in
+    the transaction in which the run leaves (ends, parks, goes back in line) if the
+    dispatcher's lock is free then, else after it. A draining worker (SIGTERM) ends the slice
+    after the step in progress."""
     tenant_schema()
-    outcome = engine.advance(run_id=UUID(run_id),
+    handed_out = []
+
+    def slot_hand_out() -> None:  # in the run's last transaction here; never raises
+        handed_out.append(dispatch_ready(robust=True) is not None)
+
+    outcome = engine.advance(run_id=UUID(run_id), on_leave=slot_hand_out,
                              slice_seconds=DrainableSlice(settings.RUN_SLICE_SECONDS))
     if draining.is_set():
         log.info("draining: run %s given back after its current step (%s)", run_id, outcome.value)
-    if outcome != engine.Outcome.NOT_CLAIMED:
+    if outcome != engine.Outcome.NOT_CLAIMED and not any(handed_out):
         dispatch_ready()
     return outcome.value
 

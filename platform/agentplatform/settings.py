@@ -210,7 +210,7 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # The rates' counters: Redis (the broker's server unless CACHE_URL says otherwise), own prefix.
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "agentplatform.cache.RedisCache",
         "LOCATION": env("CACHE_URL", default=env("CELERY_BROKER_URL",
                                                  default=env("REDIS_URL", default="redis://127.0.0.1:6379/0"))),
         "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="agentplatform-cache"),

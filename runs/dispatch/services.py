@@ -81,10 +81,14 @@ def ready_requeue(*, run_id: UUID, branch: int = -1) -> None:
 
 
 def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
-    rows = ReadyRun.objects.filter(run_id=run_id)
-    if branch is not None:
-        rows = rows.filter(branch=branch)
-    rows.delete()
+    """Out of line (it ended, parked or went elsewhere): one DELETE, not Django's collector
+    (which SELECTs the rows first)."""
+    with connection.cursor() as cursor:
+        if branch is None:
+            cursor.execute(f"DELETE FROM {READY} WHERE run_id = %s", [run_id])
+        else:
+            cursor.execute(f"DELETE FROM {READY} WHERE run_id = %s AND branch = %s",
+                           [run_id, branch])
 
 
 def dispatch_ready(*, budget: int | None = None, wait: bool = False,

@@ -3,6 +3,7 @@ defer or end it when it cannot run here (unknown code, poison step, cancel asked
 
 import logging
 import time
+from collections.abc import Callable
 from uuid import UUID
 
 from django.conf import settings
@@ -79,17 +80,21 @@ def poison_reason(*, claims: int, step: str | None, where: str) -> str:
 
 
 def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | None = None,
-            sleep=time.sleep) -> Outcome:
-    """Claim the run and run its steps until it parks, ends or uses its slice."""
+            sleep=time.sleep, on_leave: Callable[[], object] | None = None) -> Outcome:
+    """Claim the run and run its steps until it parks, ends or uses its slice. `on_leave` is
+    called last in the transaction in which its steps leave this worker (Harness._leave)."""
     owner = owner or worker_id()
-    run = run_claim_read(run_id=run_id, owner=owner)  # the claim returns the row: no re-read
-    if run is None:
-        return Outcome.NOT_CLAIMED
+    with transaction.atomic():  # the claim and the read of where it resumes: one transaction
+        run = run_claim_read(run_id=run_id, owner=owner)  # returns the row: no re-read
+        if run is None:
+            return Outcome.NOT_CLAIMED
+        # A statement of its own after the claim: it sees a checkpoint that a lease holder
+        # committed while the claim waited for the row (one statement has one snapshot).
+        latest = checkpoint_latest(run=run)
     epoch = run.lease_epoch
     if run.cancel_requested:  # cancel wins over parking it for a person or handing it back
         return run_end_cancelled(run=run, epoch=epoch)
     if run.claims_without_checkpoint > settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT:
-        latest = checkpoint_latest(run=run)
         step = latest.step if latest is not None else None
         return run_park_refused(run=run, epoch=epoch, kind="poison_step", reason=poison_reason(
             claims=run.claims_without_checkpoint - 1, step=step, where="the run"))
@@ -100,7 +105,7 @@ def advance(*, run_id: UUID, owner: str | None = None, slice_seconds: float | No
         return run_park_refused(run=run, epoch=epoch, reason=refusal)
     harness = Harness(run, agent, epoch, owner,
                       slice_seconds if slice_seconds is not None else settings.RUN_SLICE_SECONDS,
-                      sleep=sleep)
+                      sleep=sleep, latest=latest, on_leave=on_leave)
     lease = {"schema": connection.schema_name, "table": Run._meta.db_table, "row_id": run.id}
     leases.hold(epoch=epoch, **lease)
     try:

@@ -4,6 +4,7 @@ ends the run or parks it as rows when it waits."""
 import inspect
 import time
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -19,7 +20,7 @@ from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
 from ..events import event_record
-from ..models import Branch, LogEntry, Run
+from ..models import Branch, Checkpoint, LogEntry, Run
 from ..state import LogView, State, StateTooLarge, state_merge
 from ..transitions import (
     Fail,
@@ -51,8 +52,11 @@ class Harness:
     """Runs one claimed run's steps until it parks, ends, or its time slice is used."""
 
     def __init__(self, run: Run, agent: Agent, epoch: int, owner: str, slice_seconds: float,
-                 sleep=time.sleep):
+                 sleep=time.sleep, latest: Checkpoint | None = None,
+                 on_leave: Callable[[], object] | None = None):
         self.run, self.agent, self.epoch, self.owner = run, agent, epoch, owner
+        self.latest = latest  # the run's newest checkpoint, if the claim read it
+        self.on_leave = on_leave
         self.slice_seconds = slice_seconds
         self.sleep = sleep
         self.writer = CheckpointWriter(run, epoch)
@@ -68,7 +72,7 @@ class Harness:
 
     def _loop(self) -> Outcome:
         run, agent = self.run, self.agent
-        position = self.position = position_load(run=run)
+        position = self.position = position_load(run=run, checkpoint=self.latest)
         logs = {
             name: LogView(run.id, name, lambda name=name: self.position.offsets.get(name, 0),
                           self.writer.unwritten_values)
@@ -126,6 +130,7 @@ class Harness:
                     self.writer.commit_final(position, status=Run.Status.QUEUED, lease_owner="",
                                              lease_expires_at=None)
                     ready_requeue(run_id=run.id)  # back of its tenant's line: fairness
+                    self._leave()
                 return Outcome.SLICE_USED
 
     last_error = ""  # the last failed attempt's error, when retries ran out
@@ -250,7 +255,15 @@ class Harness:
             ready_clear(run_id=run.id)
             if run.parent_id:  # a child run reports to the parent waiting on it
                 ports().parking["child_report"](run_id=run.id, status=status, result=result, error=error)
+            self._leave()
         return Outcome.ENDED
+
+    def _leave(self) -> None:
+        """Last in the transaction in which the run leaves this worker (ends, parks, or goes
+        back in line): the caller's `on_leave`, if any. A worker's hands its freed slot out in
+        that transaction, so that freeing it costs no transaction of its own."""
+        if self.on_leave is not None:
+            self.on_leave()
 
     def _park_for_person(self, position: Position, kind: str, request: dict) -> Outcome:
         """Park before the step that needs a person; on the decision it runs again at the same
@@ -269,6 +282,7 @@ class Harness:
             ports().parking["approval"](run=run, visit=position.visit, request=request,
                                         then=position.step, on_timeout=None, timeout=None,
                                         kind=kind)
+            self._leave()
         return Outcome.PARKED
 
     def _park(self, position: Position, transition: Transition) -> Outcome:
@@ -307,6 +321,7 @@ class Harness:
                     parking["event_gate"](run=run, visit=visit, kind="child_run",
                                           key=str(child.id), then=then, on_timeout=None,
                                           timeout=None)
+            self._leave()
         return Outcome.PARKED
 
     def _park_fan_out(self, position: Position, fan_out: FanOut) -> Outcome:
@@ -328,6 +343,7 @@ class Harness:
                 ready_mark(run_id=run.id, branch=i)
             event_record(run_id=run.id, kind="fan_out", visit=position.visit,
                          step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
+            self._leave()
         return Outcome.PARKED
 
 

@@ -13,7 +13,7 @@ from opentelemetry import context as trace_context
 
 from agentplatform.metrics import checkpoint_write_duration
 
-from ..models import LogEntry, Run
+from ..models import Checkpoint, LogEntry, Run
 from .outcome import CheckpointWriteFailed, LeaseLost, StepError
 from .store import checkpoint_commit, checkpoint_latest, run_fence
 
@@ -32,9 +32,10 @@ class Position:
     handed_over: bool = False  # given to the writer (committed, in flight, or held)
 
 
-def position_load(*, run: Run) -> Position:
-    """The run's latest checkpoint (run_start writes visit 0)."""
-    checkpoint = checkpoint_latest(run=run)
+def position_load(*, run: Run, checkpoint: Checkpoint | None = None) -> Position:
+    """Where the run resumes: `checkpoint` if the caller read it (the claim's transaction
+    does), else the run's latest (run_start writes visit 0)."""
+    checkpoint = checkpoint or checkpoint_latest(run=run)
     if checkpoint is None:
         raise StepError(f"run {run.id} has no checkpoint to resume from")
     return Position(visit=checkpoint.visit, step=checkpoint.step, state=checkpoint.state,

@@ -96,7 +96,13 @@ def _own_and_plan(tenant: Tenant) -> tuple[TenantQuota | None, Plan | None]:
 
 def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
     """The tenant's seven limits: its override where set, else its plan's (or the default
-    plan's), else none."""
+    plan's), else none. Read at most every QUOTA_RATE_CACHE_SECONDS per process (every API
+    request and every POST of a run asks for them): a changed limit applies at once in the
+    process that made the change and within that many seconds in the others."""
+    now = time.monotonic()
+    cached = _limits.get(tenant.pk)
+    if cached is not None and cached[0] > now:
+        return dict(cached[1])
     own, plan = _own_and_plan(tenant)
     limits = {}
     for name in QUOTA_FIELDS:
@@ -104,7 +110,8 @@ def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
         if value is None and plan is not None:
             value = getattr(plan, name)
         limits[name] = None if value is None else float(value)
-    return limits
+    _limits[tenant.pk] = (now + settings.QUOTA_RATE_CACHE_SECONDS, limits)
+    return dict(limits)
 
 
 def _day_start(now: datetime) -> datetime:
@@ -222,28 +229,20 @@ def quota_check_model(*, tenant: Tenant | None = None, now: datetime | None = No
     return None
 
 
-# The throttle's limit per tenant, read at most every QUOTA_RATE_CACHE_SECONDS per process
-# (every API request asks for it): a changed limit applies at once in the process that made the
-# change and within that many seconds in the others.
-_rates: dict[int, tuple[float, int | None]] = {}
+# Each tenant's limits, with when to read them again (`quota_limits`).
+_limits: dict[int, tuple[float, dict[str, float | None]]] = {}
 
 
 def api_rate_per_minute(*, tenant: Tenant) -> int | None:
-    now = time.monotonic()
-    cached = _rates.get(tenant.pk)
-    if cached is not None and cached[0] > now:
-        return cached[1]
     limit = quota_limits(tenant=tenant)["api_requests_per_minute"]
-    rate = None if limit is None else int(limit)
-    _rates[tenant.pk] = (now + settings.QUOTA_RATE_CACHE_SECONDS, rate)
-    return rate
+    return None if limit is None else int(limit)
 
 
 def quota_limits_changed(**_) -> None:
     """A plan or a tenant's quotas changed (a model signal): read the limits again, now and
     once the change commits (a request meanwhile would cache the limit it still sees)."""
-    _rates.clear()
-    transaction.on_commit(_rates.clear)
+    _limits.clear()
+    transaction.on_commit(_limits.clear)
 
 
 def _current_tenant() -> Tenant | None:

@@ -16,7 +16,7 @@ from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
 from runs.transitions import finish, goto
 from tests.support.agents import ATTEMPTS
-from tests.support.runs import finished, kinds, start
+from tests.support.runs import finished, kinds, other_connection, start
 
 
 def test_research_agent_appends_one_finding_per_iteration(in_acme):
@@ -255,4 +255,22 @@ def test_worker_that_lost_its_lease_stops_at_its_next_write(in_acme):
         engine.checkpoint_commit(run=stale.run, epoch=stale_epoch,
                                  position=engine.Position(99, "talk", {}, {}))
     assert not Checkpoint.objects.filter(run=run, visit=99).exists()
+    assert Run.objects.get(id=run.id).status == "succeeded"
+
+
+def test_on_leave_is_called_last_in_the_transaction_in_which_the_run_ends(in_acme):
+    """A worker hands its freed slot out there (runs/tasks.py): the run's end and the hand-out
+    commit together, in one transaction."""
+    run = start("research", input={"topic": "tides", "iterations": 2})
+    seen = []
+
+    def on_leave():
+        with other_connection() as other:  # what is committed: not the end, yet
+            committed = other.execute(
+                f'SELECT status FROM "{connection.schema_name}".runs_run WHERE id = %s',
+                [run.id]).fetchone()[0]
+        seen.append((connection.in_atomic_block, Run.objects.get(id=run.id).status, committed))
+
+    assert engine.advance(run_id=run.id, on_leave=on_leave) == engine.Outcome.ENDED
+    assert seen == [(True, "succeeded", "running")]
     assert Run.objects.get(id=run.id).status == "succeeded"

@@ -13,11 +13,8 @@ from django.db import connection, connections
 
 from tests.support.runs import other_connection
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(settings.DATABASE_POOL_MODE == "transaction",
-                       reason="behind a transaction pool a backend is not the client's own"),
-]
+pytestmark = pytest.mark.skipif(settings.DATABASE_POOL_MODE == "transaction",
+                                reason="behind a transaction pool a backend is not the client's own")
 
 
 def marked_backend() -> tuple[int, str]:

@@ -219,6 +219,25 @@ def test_the_throttle_reads_a_tenants_limits_once_and_again_when_they_change(acm
         cache.delete(TenantPlanRateThrottle.cache_key_for("acme"))
 
 
+def test_a_start_reads_the_limits_once_and_again_when_they_change(acme, quotas):
+    def limit_reads(**limits_now) -> int:
+        with schema_context("acme"), CaptureQueriesContext(connection) as seen:
+            try:
+                run_start(agent="research", input={"iterations": 1}, enqueue=False)
+            except QuotaExceeded:
+                pass
+        return sum('"usage_tenantquota"' in q["sql"] or '"usage_plan"' in q["sql"]
+                   for q in seen.captured_queries)
+
+    quotas(acme, runs_per_day=10_000)
+    assert limit_reads() >= 1  # a change reads them again
+    assert [limit_reads() for _ in range(3)] == [0, 0, 0]
+    quotas(acme, runs_per_day=0)  # saved here: this process reads them again, and refuses
+    with schema_context("acme"), pytest.raises(QuotaExceeded) as refused:
+        run_start(agent="research", input={"iterations": 1}, enqueue=False)
+    assert refused.value.fields["quota"] == "runs_per_day"
+
+
 def test_one_tenants_use_never_counts_against_anothers_quota(acme, globex, quotas):
     with schema_context("globex"):
         for _ in range(2):
