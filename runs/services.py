@@ -40,11 +40,13 @@ class Started:
 def run_enqueue(run_id: UUID, *, now: bool = False) -> None:
     """Put the run in line, in the caller's transaction; the dispatcher hands it out once that
     commits (one dispatch per transaction), and its task is the only hop to a worker (decision
-    0025). `now`: the caller commits right after this (run_start): hand it out inside the
-    transaction if the dispatcher's lock is free, which saves the dispatch a transaction of
-    its own, the lock then held only until that commit."""
+    0025). `now`: the caller commits right after this and holds nothing another transaction
+    can wait for (run_start: a new run's rows, seen by nobody else until it commits): hand it
+    out inside the transaction, waiting for the dispatcher's lock if another holds it (up to
+    DISPATCH_LOCK_WAIT_SECONDS), which saves the dispatch a transaction of its own, the lock
+    then held only until that commit."""
     ready_mark(run_id=run_id)
-    if now and dispatch_ready(robust=True) is not None:
+    if now and dispatch_ready(robust=True, wait=True) is not None:
         return
     dispatch_after_commit()
 

@@ -9,10 +9,13 @@ connection breaks stops ticking until it holds the lock again.
 """
 
 import logging
+import time
 
 import psycopg
 from celery.beat import PersistentScheduler
 from django.conf import settings
+
+from agentplatform.tenant_database.base import needs_round_trip
 
 log = logging.getLogger(__name__)
 BEAT_LOCK = 0x6170_6265_6174  # any constant: one beat ticks
@@ -37,6 +40,7 @@ class OneBeatScheduler(PersistentScheduler):
     this process holds the one-beat lock."""
 
     lock_connection: psycopg.Connection | None = None
+    checked_at = 0.0  # time.monotonic() of the last statement on the lock's session
     holding = False
     said_waiting = False
 
@@ -51,10 +55,13 @@ class OneBeatScheduler(PersistentScheduler):
             if self.lock_connection is None:
                 self.lock_connection = lock_connect()
             if self.holding:
-                self.lock_connection.execute("SELECT 1")  # the session, and so the lock, lives
+                if self._check_due():  # the session, and so the lock, lives
+                    self.lock_connection.execute("SELECT 1")
+                    self.checked_at = time.monotonic()
             else:
                 self.holding = self.lock_connection.execute(
                     "SELECT pg_try_advisory_lock(%s)", [BEAT_LOCK]).fetchone()[0]
+                self.checked_at = time.monotonic()
         except psycopg.Error as exc:
             self.lock_close()
             if was_holding:
@@ -67,6 +74,13 @@ class OneBeatScheduler(PersistentScheduler):
             self.said_waiting = True
             log.info("beat: another beat holds the one-beat lock; waiting for it")
         return self.holding
+
+    def _check_due(self) -> bool:
+        """Celery calls `tick` many times a second near due times: the lock's session is asked
+        with a statement (a transaction) only when its socket shows the server may have closed
+        it, or LOCK_RETRY_SECONDS after the last time."""
+        return (needs_round_trip(self.lock_connection)
+                or time.monotonic() - self.checked_at >= LOCK_RETRY_SECONDS)
 
     def lock_close(self) -> None:
         self.holding = False

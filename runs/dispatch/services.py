@@ -99,7 +99,8 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False,
     Inside a caller's transaction it sees what that transaction put in line, and holds the
     dispatcher's lock until it commits. `wait`: wait up to DISPATCH_LOCK_WAIT_SECONDS for
     another dispatcher rather than leave the pick to it (then to the next tick); only in a
-    transaction that holds nothing else (`dispatch_after_commit`). `robust`: a send that fails
+    transaction that holds nothing another may wait for (`dispatch_after_commit`; run_start,
+    whose new rows nobody sees until it commits). `robust`: a send that fails
     puts its row back in line for the next tick, not the watchdog, and raises nothing."""
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     try:

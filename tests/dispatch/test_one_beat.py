@@ -4,9 +4,10 @@ the first lives, and takes over once the first is killed (agentplatform/beat.py)
 import signal
 import time
 
-from agentplatform import localprocs
+from agentplatform import beat, localprocs
 from agentplatform.beat import LOCK_RETRY_SECONDS
 from tests.conftest import LOGS
+from tests.support.runs import other_connection
 from tests.support.waiting import wait_for
 
 SENT = "Sending due task"  # beat's log line for each periodic task it sends
@@ -39,3 +40,30 @@ def test_a_second_beat_sends_nothing_until_the_first_is_killed(_session_beat, tm
     finally:
         for beat in beats:
             beat.stop()
+
+
+def test_the_lock_is_asked_with_a_statement_only_when_its_session_may_be_gone(monkeypatch):
+    """Celery ticks many times a second near due times: the lock's session is not asked with a
+    statement on each tick, yet a session the server ended is noticed at the next tick."""
+    monkeypatch.setattr(beat, "BEAT_LOCK", beat.BEAT_LOCK + 1)  # not the session beat's lock
+    scheduler = object.__new__(beat.OneBeatScheduler)  # lock_held alone, without Celery's setup
+    try:
+        assert scheduler.lock_held()
+        pid = scheduler.lock_connection.info.backend_pid
+        with other_connection() as other:
+            def last_statement():
+                return other.execute("SELECT query, query_start FROM pg_stat_activity "
+                                     "WHERE pid = %s", [pid]).fetchone()
+
+            query, started = last_statement()
+            assert [scheduler.lock_held() for _ in range(20)] == [True] * 20
+            assert last_statement() == (query, started)  # no statement since
+            scheduler.checked_at -= LOCK_RETRY_SECONDS  # a while later: asked once
+            assert scheduler.lock_held() and last_statement()[0] == "SELECT 1"
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+            wait_for(lambda: not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                               [pid]).fetchone(), what="the session to end")
+        assert not scheduler.lock_held()  # at once, not LOCK_RETRY_SECONDS later
+        assert scheduler.lock_held()  # and taken again on a new session
+    finally:
+        scheduler.lock_close()

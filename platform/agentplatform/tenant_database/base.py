@@ -13,6 +13,7 @@ import re
 import select
 from contextlib import contextmanager
 
+import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql.base import Cursor
 from django.db.backends.postgresql.introspection import DatabaseIntrospection, TableInfo
@@ -137,6 +138,23 @@ class SchemaIntrospection(DatabaseIntrospection):
             return super().get_constraints(cursor, table_name)
 
 
+def needs_round_trip(conn: psycopg.Connection) -> bool:
+    """Whether only a statement can tell if the connection still works. An idle connection
+    that the server closed (a restart, `pg_terminate_backend`, an idle timeout, a pooler's)
+    has its socket readable: its last message, or end of file, is waiting there. An idle
+    connection with nothing to read is as good as a `SELECT 1` would find it; a peer that
+    vanished without closing (a cut cable) fails the first statement either way."""
+    if conn.closed:
+        return True
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
 class DatabaseWrapper(TenantsDatabaseWrapper):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -149,24 +167,13 @@ class DatabaseWrapper(TenantsDatabaseWrapper):
 
     def is_usable(self):
         """Django's health check (CONN_HEALTH_CHECKS: before the first query of each request
-        and task) without its `SELECT 1` when nothing is amiss. An idle connection the server
-        closed (a restart, `pg_terminate_backend`, an idle timeout, a pooler's) has its socket
-        readable: its last message or end of file is waiting there. A socket with nothing to
-        read, on an idle connection, is used as is; anything else gets Django's round trip.
-        The check was a transaction and a round trip per request and per task: five per run
-        in `bench throughput` (docs/benchmarks.md). A peer that vanished without closing (a
-        cut cable) fails the first query instead, as `SELECT 1` would have hung on it."""
+        and task) without its `SELECT 1` when nothing is amiss (`needs_round_trip`). The check
+        was a transaction and a round trip per request and per task: five per run in `bench
+        throughput` (docs/benchmarks.md)."""
         conn = self.connection
         if conn is None or conn.closed:
             return False
-        if conn.info.transaction_status == pq.TransactionStatus.IDLE:
-            try:
-                readable, _, _ = select.select([conn.fileno()], [], [], 0)
-            except (OSError, ValueError):
-                return False
-            if not readable:
-                return True
-        return super().is_usable()
+        return not needs_round_trip(conn) or super().is_usable()
 
     def _cursor(self, name=None):
         if name:  # a server-side cursor: django-tenants' session setting (never behind a
