@@ -6,6 +6,7 @@ import time
 from django.db import connection, transaction
 from django_tenants.utils import tenant_context
 
+from runs import services
 from runs.dispatch.models import ReadyRun
 from runs.models import Branch, Run
 from runs.services import RunError, run_cancel, run_start
@@ -70,3 +71,26 @@ def test_cancelling_a_run_waiting_on_its_fan_out_stops_its_branches(in_acme, wor
     wait_for(lambda: not ReadyRun.objects.filter(run_id=run.id).exists(), timeout=10,
              what="the run to leave the ready list")
     assert Run.objects.get(id=run.id).status == "cancelled"
+
+
+def test_a_start_whose_dispatch_fails_in_its_transaction_is_handed_out_after_it(in_acme, room,
+                                                                                 monkeypatch):
+    """run_start hands its run out in its own transaction; a database error there (a deadlock's
+    victim) rolls back only the dispatch's savepoint: the run is created all the same and
+    handed out once its transaction commits."""
+    calls = []
+    real = services.dispatch_ready
+
+    def dispatch_ready(**options):
+        calls.append(options)
+        if len(calls) == 1:  # in run_start's transaction: fails inside a savepoint, as a
+            with transaction.atomic(), connection.cursor() as cursor:  # dispatch would
+                cursor.execute("SELECT 1 / 0")
+        return real(**options)
+
+    monkeypatch.setattr(services, "dispatch_ready", dispatch_ready)
+    run = run_start(agent="slowpoke", input={"seconds": 0.01, "count": 1}).run
+    assert calls == [{"robust": True, "wait": True}]
+    assert Run.objects.filter(id=run.id).exists()
+    # handed out after the commit (or already taken by a worker, which leaves its row so)
+    assert not ReadyRun.objects.filter(run_id=run.id, dispatched_at=None).exists()
