@@ -54,6 +54,8 @@ def run_enqueue(run_id: UUID, *, now: bool = False) -> None:
             if dispatch_ready(robust=True, wait=True) is not None:
                 return
         except DatabaseError:  # a deadlock's victim (runs.tasks.advance): its savepoint alone
+            if connection.needs_rollback:  # the transaction itself is broken: the start fails
+                raise
             log.warning("run %s: handed out after its commit instead", run_id, exc_info=True)
     dispatch_after_commit()
 

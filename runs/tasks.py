@@ -6,7 +6,7 @@ from uuid import UUID
 from celery import shared_task
 from celery.signals import worker_process_init
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from agentplatform.drain import DrainableSlice, draining
 from runs.dispatch.services import dispatch_ready
@@ -36,12 +36,15 @@ def advance(run_id: str) -> str:
     handed_out = []
 
     def slot_hand_out() -> None:
-        # Last in the run's last transaction here, which holds only the run's own rows: no
-        # holder of the dispatcher's lock ever waits for those, so waiting for it is safe
-        # (up to DISPATCH_LOCK_WAIT_SECONDS). In a savepoint: a failure leaves the end whole.
+        # Last in the run's last transaction here, waiting for the dispatcher's lock (up to
+        # DISPATCH_LOCK_WAIT_SECONDS). In a savepoint: an error there (the victim of a rare
+        # deadlock, see docs/decisions/0025) leaves the end whole, and the slot is handed out
+        # after it; an error that broke the transaction itself (the connection) is raised.
         try:
             handed_out.append(dispatch_ready(robust=True, wait=True) is not None)
         except DatabaseError:
+            if connection.needs_rollback:
+                raise
             log.warning("run %s: its slot is handed out after its end instead", run_id,
                         exc_info=True)
 

@@ -21,7 +21,6 @@ from django_tenants.utils import tenant_context
 
 from agentplatform import localprocs
 from agentplatform.s3 import s3_client
-from runs.usage.quotas import quota_limits_changed
 from tenants.models import Tenant
 from tenants.services import tenant_create
 from tests.settings import SLOT
@@ -65,8 +64,6 @@ def _db(django_db_setup, django_db_blocker):
         connection.set_schema_to_public()
         yield
         connection.set_schema_to_public()
-        # a test's quota rows went with its transaction (no signal): the next reads them again
-        quota_limits_changed()
 
 
 @pytest.fixture

@@ -96,22 +96,25 @@ def _own_and_plan(tenant: Tenant) -> tuple[TenantQuota | None, Plan | None]:
 
 def quota_limits(*, tenant: Tenant) -> dict[str, float | None]:
     """The tenant's seven limits: its override where set, else its plan's (or the default
-    plan's), else none. Read at most every QUOTA_RATE_CACHE_SECONDS per process (every API
-    request and every POST of a run asks for them): a changed limit applies at once in the
-    process that made the change and within that many seconds in the others."""
-    now = time.monotonic()
-    cached = _limits.get(tenant.pk)
-    if cached is not None and cached[0] > now:
-        return dict(cached[1])
-    own, plan = _own_and_plan(tenant)
-    limits = {}
-    for name in QUOTA_FIELDS:
-        value = getattr(own, name, None) if own is not None else None
-        if value is None and plan is not None:
-            value = getattr(plan, name)
-        limits[name] = None if value is None else float(value)
-    _limits[tenant.pk] = (now + settings.QUOTA_RATE_CACHE_SECONDS, limits)
-    return dict(limits)
+    plan's), else none. Read fresh on every call (a start's check must see a limit set a moment
+    ago), in one statement: the ORM's two queries were a fifth of a run's POST in CPU."""
+    with connection.cursor() as cursor:
+        cursor.execute(LIMITS_SQL, [tenant.pk])
+        row = cursor.fetchone()
+    return {name: None if value is None else float(value)
+            for name, value in zip(QUOTA_FIELDS, row, strict=True)}
+
+
+# Own override, else the own plan's (when the tenant has one, even where it is unset), else
+# the default plan's: `tenant_plan` and `_own_and_plan` in SQL.
+LIMITS_SQL = f"""
+    SELECT {", ".join(
+        f"coalesce(q.{name}, CASE WHEN p.id IS NOT NULL THEN p.{name} ELSE d.{name} END)"
+        for name in QUOTA_FIELDS)}
+      FROM (SELECT 1) one
+      LEFT JOIN public.{TenantQuota._meta.db_table} q ON q.tenant_id = %s
+      LEFT JOIN public.{Plan._meta.db_table} p ON p.id = q.plan_id
+      LEFT JOIN public.{Plan._meta.db_table} d ON d.is_default"""
 
 
 def _day_start(now: datetime) -> datetime:
@@ -229,20 +232,28 @@ def quota_check_model(*, tenant: Tenant | None = None, now: datetime | None = No
     return None
 
 
-# Each tenant's limits, with when to read them again (`quota_limits`).
-_limits: dict[int, tuple[float, dict[str, float | None]]] = {}
+# The throttle's limit per tenant, read at most every QUOTA_RATE_CACHE_SECONDS per process
+# (every API request asks for it): a changed limit applies at once in the process that made the
+# change and within that many seconds in the others.
+_rates: dict[int, tuple[float, int | None]] = {}
 
 
 def api_rate_per_minute(*, tenant: Tenant) -> int | None:
+    now = time.monotonic()
+    cached = _rates.get(tenant.pk)
+    if cached is not None and cached[0] > now:
+        return cached[1]
     limit = quota_limits(tenant=tenant)["api_requests_per_minute"]
-    return None if limit is None else int(limit)
+    rate = None if limit is None else int(limit)
+    _rates[tenant.pk] = (now + settings.QUOTA_RATE_CACHE_SECONDS, rate)
+    return rate
 
 
 def quota_limits_changed(**_) -> None:
     """A plan or a tenant's quotas changed (a model signal): read the limits again, now and
     once the change commits (a request meanwhile would cache the limit it still sees)."""
-    _limits.clear()
-    transaction.on_commit(_limits.clear)
+    _rates.clear()
+    transaction.on_commit(_rates.clear)
 
 
 def _current_tenant() -> Tenant | None:

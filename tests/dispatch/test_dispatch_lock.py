@@ -1,18 +1,18 @@
 """The dispatcher's lock (one dispatcher at a time, platform-wide) is never held while a caller
 goes on working: a wake-up dispatches once it commits, waiting a bounded time for the lock in a
-transaction of its own; only a start, which commits right after, dispatches inside its own
-transaction (decision 0025). Real PostgreSQL; a second connection plays the other dispatcher.
-No beat runs, so nothing but the code under test hands a run out."""
+transaction of its own; only a start and a worker's run leaving it, which commit right after,
+dispatch inside their own transaction (decision 0025). Real PostgreSQL; a second connection
+plays the other dispatcher. No beat runs, so nothing but the code under test hands a run out."""
 
 import threading
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from runs.approvals.services import event_submit
 from runs.dispatch.models import ReadyRun
-from runs.dispatch.services import DISPATCH_LOCK
+from runs.dispatch.services import DISPATCH_LOCK, dispatch_ready
 from runs.models import Run
 from runs.services import RunError, run_cancel, run_start
 from tests.support.runs import finished, other_connection, start
@@ -95,3 +95,13 @@ def test_a_dispatch_registered_in_a_rolled_back_savepoint_does_not_stand_for_the
         assert dispatched(kept.id)
     finally:
         settle(kept.id)
+
+
+def test_a_dispatch_that_waited_leaves_the_callers_lock_timeout_as_it_was(in_acme):
+    """A start (or a run's end) goes on to commit after its dispatch waited for the lock with a
+    bounded lock_timeout: its own lock waits, the commit's included, are not bounded by it."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        assert dispatch_ready(wait=True, robust=True) is not None
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        assert cursor.fetchone()[0] == "7s"
