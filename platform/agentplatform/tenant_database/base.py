@@ -142,8 +142,10 @@ def needs_round_trip(conn: psycopg.Connection) -> bool:
     """Whether only a statement can tell if the connection still works. An idle connection
     that the server closed (a restart, `pg_terminate_backend`, an idle timeout, a pooler's)
     has its socket readable: its last message, or end of file, is waiting there. An idle
-    connection with nothing to read is as good as a `SELECT 1` would find it; a peer that
-    vanished without closing (a cut cable) fails the first statement either way."""
+    connection with nothing to read is used as is. What this cannot see is a peer gone without
+    a word (a NAT or balancer that dropped the flow): where `SELECT 1` would have failed and
+    been replaced, the request's or task's first statement fails instead, and Django closes
+    the connection after it (at most once per connection, within CONN_MAX_AGE)."""
     if conn.closed:
         return True
     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
