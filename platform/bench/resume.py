@@ -6,7 +6,7 @@
    instead of running N first steps through workers (which would take an hour here).
 2. Shows that nothing is held for them: Celery active tasks, worker threads and PostgreSQL
    connections, measured before and after parking.
-3. Starts `manage.py runserver` and sends 1,000 signed Slack Events API requests over real HTTP
+3. Starts gunicorn as deploy/production runs it and sends 1,000 signed Slack Events API requests over real HTTP
    (paced, default 10/s, by a pool of `--senders` threads, so a slow answer delays no later
    send until all are busy) at random parked runs. Latency = the run's lease claim
    (`started_at`, left NULL by the bulk insert so the resume's claim sets it) minus the moment
@@ -114,11 +114,18 @@ def held(platform) -> dict:
 
 
 class WebServer:
+    """The webhooks as production serves them: gunicorn with deploy/production's settings
+    (threaded workers keeping their connections for CONN_MAX_AGE). runserver, measured until
+    2026-12-03, starts a thread and so a new PostgreSQL connection per request: a fifth of a
+    webhook's time."""
+
     def __init__(self, port: int, env: dict, log: Path):
         self.port = port
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT, env={**os.environ, **env, "DJANGO_SETTINGS_MODULE": "bench.settings"},
+            [sys.executable, "-m", "gunicorn", "-c", "deploy/production/gunicorn.conf.py",
+             "--access-logfile", "/dev/null"],
+            cwd=ROOT, env={**os.environ, **env, "DJANGO_SETTINGS_MODULE": "bench.settings",
+                           "WEB_BIND": f"127.0.0.1:{port}"},
             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def post(self, path: str, body: bytes, headers: dict) -> int:
@@ -133,14 +140,14 @@ class WebServer:
 
     def wait_ready(self, wait_for):
         def answers():
-            assert self.process.poll() is None, "runserver exited"
+            assert self.process.poll() is None, "gunicorn exited"
             try:
                 return self.post("/webhooks/slack/00000000-0000-0000-0000-000000000000/events",
                                  b"{}", {"Content-Type": "application/json"}) == 404
             except OSError:
                 return False
 
-        wait_for(answers, timeout=60, interval=0.2, what="runserver to answer")
+        wait_for(answers, timeout=60, interval=0.2, what="gunicorn to answer")
         return self
 
     def stop(self):
@@ -259,7 +266,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--senders", type=int, default=8, help="threads sending the events")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--port", type=int, default=0, help="runserver's port (default by slot)")
+    parser.add_argument("--port", type=int, default=0, help="the web server's port (default by slot)")
     args = parser.parse_args(argv)
     # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -301,10 +308,7 @@ def main(argv: list[str]) -> int:
             print(f"  {name:15} before parking {before[name]:5}   after {after[name]:5}")
         slots_held = after["run_tasks"]  # worker slots running a run (parked ones need none)
 
-        # runserver starts a thread per request: a connection kept for CONN_MAX_AGE outlives its
-        # thread, and under load they pile up to the server's max_connections
-        web = WebServer(args.port or 18765 + slot, {**platform.env, "DATABASE_CONN_MAX_AGE": "0"},
-                        platform.logs / "runserver.log")
+        web = WebServer(args.port or 18765 + slot, platform.env, platform.logs / "gunicorn.log")
         try:
             web.wait_ready(platform.wait_for)
             sender = Sender(web, slack, secret, args.senders)
@@ -312,7 +316,7 @@ def main(argv: list[str]) -> int:
             with platform.tenant("resume_bench"):
                 first = round_measure(platform, sender, [unused.pop() for _ in
                                                          range(args.events)], args.rate)
-                print(f"sent {args.events} signed Slack events over HTTP (runserver): "
+                print(f"sent {args.events} signed Slack events over HTTP (gunicorn): "
                       f"{round_report(first)}")
                 rate = args.sweep_from
                 while args.sweep and rate <= args.sweep_max:
