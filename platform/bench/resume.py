@@ -6,9 +6,9 @@
    instead of running N first steps through workers (which would take an hour here).
 2. Shows that nothing is held for them: Celery active tasks, worker threads and PostgreSQL
    connections, measured before and after parking.
-3. Starts gunicorn as deploy/production runs it and sends 1,000 signed Slack Events API requests over real HTTP
-   (paced, default 10/s, by a pool of `--senders` threads, so a slow answer delays no later
-   send until all are busy) at random parked runs. Latency = the run's lease claim
+3. Starts gunicorn as deploy/production runs it and sends 1,000 signed Slack Events API
+   requests over real HTTP (paced, default 10/s, by a pool of `--senders` threads, so a slow
+   answer delays no later send until all are busy) at random parked runs. Latency = the run's lease claim
    (`started_at`, left NULL by the bulk insert so the resume's claim sets it) minus the moment
    the request was due: every hop between the webhook and the worker that claims the run.
 4. `--sweep`: then the same at 10, 20, 40, 80 … events/s (`--sweep-events` each, on other
