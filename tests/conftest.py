@@ -240,6 +240,14 @@ def worker(_session_worker, beat, outbox_worker):
 
 
 @pytest.fixture
+def own_workers(_session_worker):
+    """Only the test's own workers take runs: the session's worker is stopped (drained), and
+    the next test that asks for `worker` starts it again. For tests that must know which
+    worker holds a run: the session's short slices would move it between look and act."""
+    _session_worker[-1].stop()
+
+
+@pytest.fixture
 def start_worker(celery_queue_clean, s3, beat, outbox_worker):
     """Start extra workers for one test (`env`: settings of their own); all are stopped
     afterwards."""

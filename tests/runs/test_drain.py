@@ -16,6 +16,7 @@ from tests.support.waiting import wait_for
 # the worker for its slice, and a killed worker's run would wait out the lease.
 LONG = {"RUN_SLICE_SECONDS": "60", "RUN_LEASE_SECONDS": "30", "RUN_HEARTBEAT_SECONDS": "1"}
 STEP_SECONDS = 1.5
+COUNT = 4
 
 
 def holder(run_id, workers):
@@ -35,11 +36,12 @@ def checkpointed(run_id) -> list[int]:
 
 
 @pytest.mark.parametrize("to", ["process group", "main process"])
-def test_sigterm_finishes_the_step_gives_the_run_back_and_exits(in_acme, beat, start_worker, to):
+def test_sigterm_finishes_the_step_gives_the_run_back_and_exits(in_acme, beat, own_workers,
+                                                               start_worker, to):
     """`process group`: systemd's default (KillMode=control-group) and Ctrl-C in a terminal;
     `main process`: `docker stop`, `kill <pid>`: the worker passes it on to its pool."""
     workers = [start_worker("drained", env=LONG), start_worker("successor", env=LONG)]
-    run = run_start(agent="slowpoke", input={"seconds": STEP_SECONDS, "count": 4}).run
+    run = run_start(agent="slowpoke", input={"seconds": STEP_SECONDS, "count": COUNT}).run
     drained = holder(run.id, workers)
     # just after a step started: the drain must wait for it, and for nothing more
     steps = Run.objects.get(id=run.id).steps_taken
@@ -47,7 +49,7 @@ def test_sigterm_finishes_the_step_gives_the_run_back_and_exits(in_acme, beat, s
              interval=0.01, what="a step to end")
     time.sleep(0.2)
     in_step = Run.objects.get(id=run.id)
-    assert in_step.lease_owner and in_step.steps_taken < 4
+    assert in_step.lease_owner and in_step.steps_taken < COUNT
     signalled = time.monotonic()
     if to == "process group":
         os.killpg(drained.process.pid, signal.SIGTERM)
@@ -69,7 +71,7 @@ def test_sigterm_finishes_the_step_gives_the_run_back_and_exits(in_acme, beat, s
 
     done = wait_for(lambda: (r := Run.objects.get(id=run.id)).status == "succeeded" and r,
                     timeout=60, what="the successor to finish the run")
-    assert done.result == 4 and done.steps_taken == 4
-    assert checkpointed(run.id) == list(range(5))  # no step lost, none checkpointed twice
+    assert done.result == COUNT and done.steps_taken == COUNT
+    assert checkpointed(run.id) == list(range(COUNT + 1))  # no step lost, none checkpointed twice
     assert not RunEvent.objects.filter(run=run, kind__in=["lease_expired", "step_error"]).exists()
     assert "Warm shutdown" in drained.log_tail(20000)
