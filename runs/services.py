@@ -530,14 +530,15 @@ def run_migrate(*, run_id: UUID, version: int, by: str) -> Run:
 
 
 def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, event: str,
-               **event_data) -> bool:
+               held: Run | None = None, **event_data) -> bool:
     """Wake a parked run: in the caller's transaction, write the checkpoint it resumes from
     (the chosen next step, and what it waited for merged into its state), put it in line and
     hand it out (`run_enqueue`: the caller does little after this).
 
     Returns False if the run is not parked at `visit` any more (a stale wake-up). What it
-    waited for, too large for its state, is state_too_large (nothing is written)."""
-    run = Run.objects.select_for_update().filter(id=run_id).first()
+    waited for, too large for its state, is state_too_large (nothing is written). `held`: the
+    run's row as the caller locked it (FOR UPDATE) in this transaction, not read again."""
+    run = held if held is not None else Run.objects.select_for_update().filter(id=run_id).first()
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
     if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
         return False

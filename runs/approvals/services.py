@@ -113,7 +113,7 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
         decision = {"approved": approve, "by": by, "comment": comment,
                     "artifact": approval.artifact, "approval": str(approval.id)}
         if approval.kind == Approval.Kind.APPROVAL:
-            run_resume(run_id=run.id, visit=approval.visit, step=approval.then,
+            run_resume(run_id=run.id, held=run, visit=approval.visit, step=approval.then,
                        update={"approval": decision}, event="approval_decided", **decision)
         elif approval.kind == Approval.Kind.BUDGET and not approve:
             event_record(run_id=run.id, kind="approval_decided", **decision)
@@ -250,9 +250,9 @@ def _gate_resolve(gate: EventGate, event: InboundEvent) -> bool:
     if run.status != Run.Status.WAITING or gate.status != EventGate.Status.OPEN:
         return False
     gate.status, gate.event, gate.resolved_at = EventGate.Status.RESOLVED, event, timezone.now()
-    gate.save()
+    gate.save(update_fields=["status", "event", "resolved_at"])
     InboundEvent.objects.filter(id=event.id, consumed_at=None).update(consumed_at=timezone.now())
-    run_resume(run_id=run.id, visit=gate.visit, step=gate.then,
+    run_resume(run_id=run.id, held=run, visit=gate.visit, step=gate.then,
                update={"event": {"kind": event.kind, "key": event.key, "payload": event.payload}},
                event="event_received", event_kind=event.kind, event_key=event.key)
     return True
@@ -275,7 +275,7 @@ def wakeup_fire(*, run_id: UUID, visit: int) -> str:
             return "stale"  # fired already (another tick), or the run parked again since
         waiting_on = approval or gate
         if waiting_on is None:  # a sleep: the parked checkpoint already points at `then`
-            return "woke" if run_resume(run_id=run_id, visit=visit, step=None, update={},
+            return "woke" if run_resume(run_id=run_id, held=run, visit=visit, step=None, update={},
                                         event="timer_fired") else "stale"
         waiting_on.status = "expired"
         waiting_on.save(update_fields=["status"])
@@ -284,7 +284,7 @@ def wakeup_fire(*, run_id: UUID, visit: int) -> str:
             run_fail_parked(run_id=run_id, reason=f"{what} timed out and the step declared no "
                                                   "on_timeout step")
             return "failed"
-        run_resume(run_id=run_id, visit=visit, step=waiting_on.on_timeout,
+        run_resume(run_id=run_id, held=run, visit=visit, step=waiting_on.on_timeout,
                    update={"timed_out": {"waiting_for": what}}, event="wait_timed_out",
                    waiting_for=what)
         return "timed_out"

@@ -131,14 +131,15 @@ def _dispatch_waiting() -> None:
 def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
     with transaction.atomic(), connection.cursor() as cursor:
         if wait:  # the lock wait bounded, then the caller's lock_timeout again: a caller's
-            # transaction that goes on to commit (run_start, a run's end) keeps its own
-            cursor.execute("WITH before AS MATERIALIZED (SELECT current_setting('lock_timeout') "
-                           "AS value) SELECT value, set_config('lock_timeout', %s, true) "
-                           "FROM before",
-                           [f"{int(settings.DISPATCH_LOCK_WAIT_SECONDS * 1000)}ms"])
-            before = cursor.fetchone()[0]
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+            # transaction that goes on to commit (run_start, a run's end) keeps its own. One
+            # statement, each step after the one it reads from; a wait that times out rolls
+            # back this savepoint, and the setting with it.
+            cursor.execute(
+                "WITH before AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value),"
+                " bounded AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true) FROM before),"
+                " held AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s) FROM bounded)"
+                " SELECT set_config('lock_timeout', before.value, true) FROM before, held",
+                [f"{int(settings.DISPATCH_LOCK_WAIT_SECONDS * 1000)}ms", DISPATCH_LOCK])
         else:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
             if not cursor.fetchone()[0]:

@@ -5,6 +5,7 @@ dispatch inside their own transaction (decision 0025). Real PostgreSQL; a second
 plays the other dispatcher. No beat runs, so nothing but the code under test hands a run out."""
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -105,3 +106,22 @@ def test_a_dispatch_that_waited_leaves_the_callers_lock_timeout_as_it_was(in_acm
         assert dispatch_ready(wait=True, robust=True) is not None
         cursor.execute("SELECT current_setting('lock_timeout')")
         assert cursor.fetchone()[0] == "7s"
+
+
+def test_a_dispatch_that_gave_up_waiting_leaves_the_callers_lock_timeout_as_it_was(in_acme,
+                                                                                  settings):
+    """The wait is bounded by DISPATCH_LOCK_WAIT_SECONDS, not by the caller's lock_timeout, and
+    giving up rolls back only the dispatch: the caller's transaction and setting go on."""
+    settings.DISPATCH_LOCK_WAIT_SECONDS = 0.2
+    other = other_connection()
+    other.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK])
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '45s'")
+            began = time.monotonic()
+            assert dispatch_ready(wait=True, robust=True) is None
+            assert time.monotonic() - began < 30  # its own bound, far below the caller's
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            assert cursor.fetchone()[0] == "45s"
+    finally:
+        other.close()

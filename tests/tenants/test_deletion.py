@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models.deletion import Collector
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tenants.utils import schema_exists, tenant_context
 
@@ -198,3 +199,12 @@ def test_a_workspace_nested_thousands_deep_is_deleted_with_its_tenant(s3, tmp_pa
     call_command("delete_tenant", "tyrell", "--yes")
     assert not local.dir.exists() and not local.dir.parent.exists()
     assert not Tenant.objects.filter(pk=tenant.pk).exists()
+
+
+def test_deleting_rows_of_other_models_is_one_delete_not_a_select_first(acme):
+    """django-tenants' schema drop listens to the tenant model only (tenants.apps): a receiver
+    for every model would make each QuerySet.delete() read every row it deletes first."""
+    with CaptureQueriesContext(connection) as queries:
+        Wakeup.objects.filter(run_id=uuid.uuid4()).delete()
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert [q for q in sql if "DELETE" in q] and not [q for q in sql if "SELECT" in q], sql
