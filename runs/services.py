@@ -538,6 +538,7 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
     Returns False if the run is not parked at `visit` any more (a stale wake-up). What it
     waited for, too large for its state, is state_too_large (nothing is written). `held`: the
     run's row as the caller locked it (FOR UPDATE) in this transaction, not read again."""
+    assert held is None or held.id == run_id, "held must be the row of the run resumed"
     run = held if held is not None else Run.objects.select_for_update().filter(id=run_id).first()
     parked = Checkpoint.objects.filter(run_id=run_id).order_by("-visit").first()
     if run is None or run.status != Run.Status.WAITING or parked is None or parked.visit != visit:
@@ -555,6 +556,7 @@ def run_resume(*, run_id: UUID, visit: int, step: str | None, update: dict, even
         )
     Run.objects.filter(id=run_id).update(status=Run.Status.QUEUED, waiting_reason="",
                                          updated_at=timezone.now())
+    run.status = Run.Status.QUEUED  # a caller's `held` row too: it cannot resume it again
     inbox().wakeup_cancel(run_id=run_id)
     event_record(run_id=run_id, kind=event, visit=visit, **event_data)
     run_enqueue(run_id)  # the only hop to a worker: see there

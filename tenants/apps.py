@@ -4,7 +4,7 @@ everywhere (each `QuerySet.delete()` first SELECTs every row it deletes, JSON an
 each to the signal). Here the receiver listens to the tenant model only: the same drop, and
 deletes elsewhere are one DELETE again."""
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.db.models.signals import post_delete
 from django_tenants.signals import tenant_delete_callback
 
@@ -15,5 +15,9 @@ class TenantsConfig(AppConfig):
     def ready(self):
         tenant = self.get_model("Tenant")
         post_delete.disconnect(tenant_delete_callback)
-        post_delete.connect(tenant_delete_callback, sender=tenant,
-                            dispatch_uid="tenants.tenant_delete_callback")
+        # a delete through a proxy (the console's and retention's views of tenants) sends the
+        # proxy as its sender: each listened to, so every way of deleting a tenant drops it
+        for model in apps.get_models():
+            if issubclass(model, tenant):
+                post_delete.connect(tenant_delete_callback, sender=model,
+                                    dispatch_uid=f"tenants.tenant_delete_callback:{model._meta.label}")

@@ -139,7 +139,7 @@ def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
                 " bounded AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true) FROM before),"
                 " held AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s) FROM bounded)"
                 " SELECT set_config('lock_timeout', before.value, true) FROM before, held",
-                [f"{int(settings.DISPATCH_LOCK_WAIT_SECONDS * 1000)}ms", DISPATCH_LOCK])
+                [f"{max(1, int(settings.DISPATCH_LOCK_WAIT_SECONDS * 1000))}ms", DISPATCH_LOCK])
         else:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [DISPATCH_LOCK])
             if not cursor.fetchone()[0]:

@@ -40,7 +40,7 @@ def test_sigterm_finishes_the_step_gives_the_run_back_and_exits(in_acme, beat, o
                                                                start_worker, to):
     """`process group`: systemd's default (KillMode=control-group) and Ctrl-C in a terminal;
     `main process`: `docker stop`, `kill <pid>`: the worker passes it on to its pool."""
-    workers = [start_worker("drained", env=LONG), start_worker("successor", env=LONG)]
+    workers = [start_worker("drained", 2, env=LONG), start_worker("successor", 2, env=LONG)]
     run = run_start(agent="slowpoke", input={"seconds": STEP_SECONDS, "count": COUNT}).run
     drained = holder(run.id, workers)
     # just after a step started: the drain must wait for it, and for nothing more

@@ -38,7 +38,7 @@ STAY = {"RUN_SLICE_SECONDS": "60"}
 
 
 def test_killed_worker_run_resumes_on_another_worker(in_acme, beat, own_workers, start_worker):
-    workers = [start_worker("a", env=STAY), start_worker("b", env=STAY)]
+    workers = [start_worker("a", 2, env=STAY), start_worker("b", 2, env=STAY)]
     run = run_start(agent="slowpoke", input={"seconds": 1.0, "count": 6}).run
     wait_for(lambda: Run.objects.get(id=run.id).steps_taken >= 1, what="a first step")
     doomed = worker_of(holder_pid(run.id), workers)

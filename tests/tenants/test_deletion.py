@@ -20,6 +20,7 @@ from agentplatform.s3 import s3_client
 from runs.dispatch.models import Wakeup
 from runs.retention import services as retention
 from runs.retention import store
+from runs.retention.models import TenantArchives
 from sandboxes.services import LocalWorkspace, workspace_snapshot
 from tenants.models import AuditEntry, Invitation, Membership, Tenant
 from tenants.people import invitation_create, member_add
@@ -208,3 +209,13 @@ def test_deleting_rows_of_other_models_is_one_delete_not_a_select_first(acme):
         Wakeup.objects.filter(run_id=uuid.uuid4()).delete()
     sql = [q["sql"] for q in queries.captured_queries]
     assert [q for q in sql if "DELETE" in q] and not [q for q in sql if "SELECT" in q], sql
+
+
+def test_a_tenant_deleted_through_a_proxy_of_the_tenant_model_loses_its_schema_too(db):
+    """The console's and retention's proxies of Tenant: a delete through one sends the proxy
+    as the signal's sender, which the schema drop listens to as well."""
+    tenant = tenant_create(schema_name="initech").tenant
+    connection.set_schema_to_public()
+    assert schema_exists("initech")
+    TenantArchives.objects.filter(pk=tenant.pk).delete()
+    assert not schema_exists("initech")
