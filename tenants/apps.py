@@ -1,8 +1,8 @@
 """The tenants app. django-tenants drops a deleted tenant's schema from a post_delete receiver
 connected for every model; a receiver for every model also turns off Django's fast delete
 everywhere (each `QuerySet.delete()` first SELECTs every row it deletes, JSON and all, to hand
-each to the signal). Here the receiver listens to the tenant model only: the same drop, and
-deletes elsewhere are one DELETE again."""
+each to the signal). Here the receiver listens to the tenant model and its proxies only: the
+same drop, and deletes elsewhere are one DELETE again."""
 
 from django.apps import AppConfig, apps
 from django.db.models.signals import post_delete
