@@ -203,8 +203,9 @@ def test_a_workspace_nested_thousands_deep_is_deleted_with_its_tenant(s3, tmp_pa
 
 
 def test_deleting_rows_of_other_models_is_one_delete_not_a_select_first(acme):
-    """django-tenants' schema drop listens to the tenant model only (tenants.apps): a receiver
-    for every model would make each QuerySet.delete() read every row it deletes first."""
+    """django-tenants' schema drop listens to the tenant model and its proxies (tenants.apps):
+    a receiver for every model would make each QuerySet.delete() read every row it deletes
+    first."""
     with CaptureQueriesContext(connection) as queries:
         Wakeup.objects.filter(run_id=uuid.uuid4()).delete()
     sql = [q["sql"] for q in queries.captured_queries]
