@@ -18,6 +18,11 @@ class StateTooLarge(ValueError):
 def state_merge(state: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """The new small state; refuses non-JSON values and states over RUN_STATE_MAX_BYTES."""
     merged = {**state, **update}
+    try:  # the whole is longer than its values: within the limit, they are too (one call)
+        if len(json.dumps(merged, separators=(",", ":"))) <= settings.RUN_STATE_MAX_BYTES:
+            return merged
+    except (TypeError, ValueError):
+        pass  # which field is not JSON: below
     sizes = {}
     for name, value in merged.items():
         try:

@@ -9,6 +9,7 @@ own in the same transaction (a statement never mixes a tenant's tables with publ
 decision 0023).
 """
 
+import functools
 import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,9 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.models import JSONField
+from psycopg.pq import ExecStatus
 
 from agentplatform.metrics import lease_takeovers
 from runs.dispatch.models import TenantDue
@@ -32,18 +35,17 @@ if TYPE_CHECKING:
     from .writer import Position
 
 
-def _claim_sql(returning: str) -> str:
+def _claim_sql(table: str, returning: str) -> str:
     """The claim: take the run's lease if it is runnable and nobody holds a live lease (epoch
     + 1, on the database clock), counting the claim. `before` is the row as this statement
     found it, to tell a takeover (someone's expired lease) from a claim of a queued run."""
     return f"""
-        UPDATE {Run._meta.db_table} r
+        UPDATE {table} r
            SET status = 'running', lease_owner = %s, lease_epoch = r.lease_epoch + 1,
                lease_expires_at = now() + %s, started_at = coalesce(r.started_at, now()),
                claims_without_checkpoint = r.claims_without_checkpoint + 1,
                updated_at = now()
-          FROM (SELECT status AS was, lease_owner AS held_by FROM {Run._meta.db_table}
-                 WHERE id = %s) before
+          FROM (SELECT status AS was, lease_owner AS held_by FROM {table} WHERE id = %s) before
          WHERE r.id = %s AND r.status IN ('queued', 'running')
            AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
      RETURNING {returning}, before.was = 'running' AND before.held_by <> '' AS takeover
@@ -57,7 +59,8 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
     the worker) is parked for a person by `advance` instead of being claimed forever."""
     ttl = timedelta(seconds=lease_seconds or settings.RUN_LEASE_SECONDS)
     with connection.cursor() as cursor:
-        cursor.execute(_claim_sql("r.lease_epoch"), [owner, ttl, run_id, run_id])
+        cursor.execute(_claim_sql(Run._meta.db_table, "r.lease_epoch"),
+                       [owner, ttl, run_id, run_id])
         row = cursor.fetchone()
     if row and row[1]:
         lease_takeovers.add(1, {"of": "run"})
@@ -66,14 +69,17 @@ def run_claim(*, run_id: UUID, owner: str, lease_seconds: float | None = None) -
 
 def run_claim_read(*, run_id: UUID, owner: str) -> Run | None:
     """`run_claim`, returning the claimed run's row as the claim left it (its `lease_epoch` is
-    the claim's): the claim and the read of the run are one statement, not two."""
+    the claim's): the claim and the read of the run are one statement, not two, prepared."""
     ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
-    claimed = list(Run.objects.raw(_claim_sql("r.*"), [owner, ttl, run_id, run_id]))
-    if not claimed:
+    row = _prepared(_claim_sql(f'"{connection.schema_name}".{Run._meta.db_table}',
+                               ", ".join(f"r.{column}" for column in RUN_COLUMNS)),
+                    [owner, ttl, run_id, run_id])
+    if row is None:
         return None
-    if claimed[0].takeover:
+    *values, takeover = row
+    if takeover:
         lease_takeovers.add(1, {"of": "run"})
-    return claimed[0]
+    return _model_of(Run, values)
 
 
 def run_unclaim(*, run: Run, epoch: int) -> None:
@@ -111,10 +117,55 @@ def _prepared(sql: str, params: list[Any]) -> tuple | None:
     planned once per connection, and no `SET search_path` round trip precedes it (tables are
     schema-qualified). Joins the surrounding transaction, if any. Returns the first row, if the
     statement returns rows."""
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
         cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
-        return cursor.fetchone() if cursor.description else None
+        # (not `cursor.description`, which builds a Column per column to say the same)
+        return cursor.fetchone() if cursor.pgresult.status == ExecStatus.TUPLES_OK else None
+
+
+def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str:
+    """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
+    checkpoint, and the log entries and outbox messages if there are any, each list one JSON
+    parameter (psycopg dumps one string in C where it dumped four arrays in Python)."""
+    sql = [f"""
+        WITH fence AS (
+            {fence}
+        ), checkpoint AS (
+            INSERT INTO "{schema}".{Checkpoint._meta.db_table}
+                   (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
+                    waiting, created_at)
+            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s::jsonb, now() FROM fence
+        )"""]
+    if entries:
+        sql.append(f""", entries AS (
+            INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
+            SELECT fence.id, e.log, e.index, e.visit, e.value
+              FROM fence, jsonb_to_recordset(%s::jsonb)
+                   AS e(log text, index int, visit int, value jsonb)
+        )""")
+    if outbox:
+        sql.append(f""", outbox AS (
+            INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
+                   (run_id, name, connector, args, idempotency_key, status, attempts,
+                    next_attempt_at, last_error, created_at)
+            SELECT fence.id, o.name, o.connector, o.args, o.key, 'pending', 0, now(), '',
+                   now()
+              FROM fence, jsonb_to_recordset(%s::jsonb)
+                   AS o(name text, connector text, args jsonb, key text)
+            ON CONFLICT (idempotency_key) DO NOTHING
+        )""")
+    sql.append(" SELECT cancel_requested FROM fence")
+    return "".join(sql)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checkpoint_fenced_sql(schema: str, entries: bool, outbox: bool) -> str:
+    """The statement of a checkpoint that leaves the run row untouched (most of them): the same
+    text, built once, for every step of every run of the schema."""
+    return _checkpoint_sql(schema, f"""SELECT id, cancel_requested FROM "{schema}".{
+        Run._meta.db_table} WHERE id = %s AND lease_epoch = %s FOR SHARE""", entries, outbox)
 
 
 def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: bool = True,
@@ -128,51 +179,25 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
     schema = connection.schema_name
     if touch_run or run_fields:
         assignments, params = _run_assignments(run, run_fields)
-        fence = f"""UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
-                     WHERE id = %s AND lease_epoch = %s
-                 RETURNING id, cancel_requested"""
+        sql = _checkpoint_sql(schema, f"""UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
+                                            WHERE id = %s AND lease_epoch = %s
+                                        RETURNING id, cancel_requested""",
+                              bool(entries), bool(outbox))
     else:
-        params = []
-        fence = f"""SELECT id, cancel_requested FROM "{schema}".{Run._meta.db_table}
-                     WHERE id = %s AND lease_epoch = %s FOR SHARE"""
-    sql = f"""
-        WITH fence AS (
-            {fence}
-        ), checkpoint AS (
-            INSERT INTO "{schema}".{Checkpoint._meta.db_table}
-                   (run_id, visit, step, state, log_offsets, agent_version, topology_hash,
-                    waiting, created_at)
-            SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s::jsonb, now() FROM fence
-        ), entries AS (
-            INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
-            SELECT fence.id, e.log, e.index, e.visit, e.value::jsonb
-              FROM fence, unnest(%s::text[], %s::int[], %s::int[], %s::text[])
-                   AS e(log, index, visit, value)
-        ), outbox AS (
-            INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
-                   (run_id, name, connector, args, idempotency_key, status, attempts,
-                    next_attempt_at, last_error, created_at)
-            SELECT fence.id, o.name, o.connector, o.args::jsonb, o.key, 'pending', 0, now(), '',
-                   now()
-              FROM fence, unnest(%s::text[], %s::text[], %s::text[], %s::text[])
-                   AS o(name, connector, args, key)
-            ON CONFLICT (idempotency_key) DO NOTHING
-        )
-        SELECT cancel_requested FROM fence
-    """
+        params, sql = [], _checkpoint_fenced_sql(schema, bool(entries), bool(outbox))
     params += [
         run.id, epoch,
         position.visit, position.step, json.dumps(position.state),
         json.dumps(position.offsets), run.agent_version, run.topology_hash,
         None if position.waiting is None else json.dumps(position.waiting, default=str),
-        [e.log for e in entries], [e.index for e in entries], [e.visit for e in entries],
-        [json.dumps(e.value) for e in entries],
-        *([n[field] for n in outbox] for field in ("name", "connector")),
-        [json.dumps(n["args"], default=str) for n in outbox], [n["key"] for n in outbox],
     ]
-    if not outbox:
-        row = _prepared(sql, params)
-    else:
+    if entries:
+        params.append(json.dumps([{"log": e.log, "index": e.index, "visit": e.visit,
+                                   "value": e.value} for e in entries]))
+    if outbox:
+        params.append(json.dumps([{"name": n["name"], "connector": n["connector"],
+                                   "args": n["args"], "key": n["key"]} for n in outbox],
+                                 default=str))
         # The messages and the tenant's mark in the due-index commit together; inside a
         # caller's transaction no savepoint is needed (a failure there fails it whole).
         with transaction.atomic(savepoint=False):
@@ -180,6 +205,8 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
             if row is not None:
                 _prepared(due_mark_sql(), [TenantDue.What.OUTBOX.value, None, schema])
         ports().outbox_kick()  # rings now if committed, else when the atomic caller commits
+    else:
+        row = _prepared(sql, params)
     if row is None:
         raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(
             f"run {run.id}: lease epoch {epoch} was taken over "
@@ -204,9 +231,20 @@ def run_fence(*, run: Run, epoch: int, visit: int | None = None, **fields) -> bo
 
 
 
-CHECKPOINT_COLUMNS = ("id", "run_id", "visit", "step", "state", "log_offsets", "agent_version",
-                      "topology_hash", "waiting", "created_at")
-JSON_COLUMNS = {"state", "log_offsets", "waiting"}
+def _columns(model) -> tuple[str, ...]:
+    return tuple(field.column for field in model._meta.concrete_fields)
+
+
+RUN_COLUMNS, CHECKPOINT_COLUMNS = _columns(Run), _columns(Checkpoint)
+
+
+def _model_of(model, values: list[Any]):
+    """A model instance from a row of its concrete columns, in order, read on the raw
+    connection: JSON columns arrive as text (Django's loader), so they are parsed here."""
+    fields = model._meta.concrete_fields
+    return model.from_db(connection.alias, [field.attname for field in fields], [
+        json.loads(value) if isinstance(value, str) and isinstance(field, JSONField) else value
+        for field, value in zip(fields, values, strict=True)])
 
 
 def checkpoint_latest(*, run: Run) -> Checkpoint | None:
@@ -216,11 +254,7 @@ def checkpoint_latest(*, run: Run) -> Checkpoint | None:
     row = _prepared(f"""SELECT {", ".join(CHECKPOINT_COLUMNS)}
                           FROM "{connection.schema_name}".{Checkpoint._meta.db_table}
                          WHERE run_id = %s ORDER BY visit DESC LIMIT 1""", [run.id])
-    if row is None:
-        return None
-    values = [json.loads(value) if name in JSON_COLUMNS and isinstance(value, str) else value
-              for name, value in zip(CHECKPOINT_COLUMNS, row, strict=True)]
-    return Checkpoint.from_db(connection.alias, CHECKPOINT_COLUMNS, values)
+    return None if row is None else _model_of(Checkpoint, row)
 
 
 def checkpoint_at(*, run: Run, visit: int) -> Checkpoint:
