@@ -25,13 +25,13 @@ from tenants.models import Scope
 from . import services
 from .models import Run
 from .selectors import WAITING_FOR, checkpoint_list, run_event_list, run_list, run_or_404
-from .serializers import CheckpointSerializer, EventSerializer, RunSerializer
+from .serializers import CheckpointSerializer, EventSerializer, FieldsBoundOnce, RunSerializer
 
 # An Idempotency-Key: printable ASCII, no surrounding blanks (they are stripped), 1-255 long.
 IDEMPOTENCY_KEY = re.compile(r"[!-~]([ -~]{0,253}[!-~])?")
 
 
-class RunCreateSerializer(StrictStrings, serializers.Serializer):
+class RunCreateSerializer(StrictStrings, FieldsBoundOnce, serializers.Serializer):
     agent = serializers.CharField(max_length=100)
     version = serializers.IntegerField(required=False, min_value=1)
     input = serializers.DictField(required=False, default=dict)

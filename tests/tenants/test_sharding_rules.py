@@ -40,13 +40,13 @@ def statements(monkeypatch):
         seen.append((connection.schema_name, str(sql)))
         return execute(sql, params, many, context)
 
-    prepared = store._prepared
+    prepared = store.prepared_row
 
     def record_prepared(sql, params):
         seen.append((connection.schema_name, sql))
         return prepared(sql, params)
 
-    monkeypatch.setattr(store, "_prepared", record_prepared)
+    monkeypatch.setattr(store, "prepared_row", record_prepared)
     with connection.execute_wrapper(record):
         yield seen
 
