@@ -114,7 +114,8 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
 def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str:
     """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
     checkpoint, and the log entries and outbox messages if there are any, each list one JSON
-    parameter (psycopg dumps one string in C where it dumped four arrays in Python)."""
+    parameter (psycopg dumps one string in C where it dumped four arrays in Python). A JSON
+    null comes out of `jsonb_to_recordset` as SQL NULL: coalesced back to a JSON null."""
     sql = [f"""
         WITH fence AS (
             {fence}
@@ -127,7 +128,7 @@ def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str
     if entries:
         sql.append(f""", entries AS (
             INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
-            SELECT fence.id, e.log, e.index, e.visit, e.value
+            SELECT fence.id, e.log, e.index, e.visit, coalesce(e.value, 'null')  -- a JSON null
               FROM fence, jsonb_to_recordset(%s::jsonb)
                    AS e(log text, index int, visit int, value jsonb)
         )""")
@@ -136,8 +137,8 @@ def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str
             INSERT INTO "{schema}".{OutboxMessage._meta.db_table}
                    (run_id, name, connector, args, idempotency_key, status, attempts,
                     next_attempt_at, last_error, created_at)
-            SELECT fence.id, o.name, o.connector, o.args, o.key, 'pending', 0, now(), '',
-                   now()
+            SELECT fence.id, o.name, o.connector, coalesce(o.args, 'null'), o.key, 'pending', 0,
+                   now(), '', now()
               FROM fence, jsonb_to_recordset(%s::jsonb)
                    AS o(name text, connector text, args jsonb, key text)
             ON CONFLICT (idempotency_key) DO NOTHING

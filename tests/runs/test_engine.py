@@ -274,3 +274,34 @@ def test_on_leave_is_called_last_in_the_transaction_in_which_the_run_ends(in_acm
     assert engine.advance(run_id=run.id, on_leave=on_leave) == engine.Outcome.ENDED
     assert seen == [(True, "succeeded", "running")]
     assert Run.objects.get(id=run.id).status == "succeeded"
+
+
+# Every JSON value a log may hold, the falsy ones and nulls among them: they travel to the
+# checkpoint statement in one JSON document, where a JSON null must not become SQL NULL.
+ODD_VALUES = [None, {"a": None}, [None], 0, "", [], {}, False, "\u00e9\u2603", 1.5]
+
+
+@pytest.fixture
+def nulls_agent():
+    agent = Agent("nulls", version=1, logs=["odd"])
+
+    @agent.step(start=True, next=["again"])
+    def first(ctx, state):
+        return goto("again", append={"odd": ODD_VALUES[:5]})
+
+    @agent.step(next=[])
+    def again(ctx, state):
+        return finish(list(state.log("odd")), append={"odd": ODD_VALUES[5:]})
+
+    yield agent
+    registry.unregister("nulls", 1)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_log_values_that_are_null_or_falsy_are_stored_and_read_back_as_they_were(
+        in_acme, nulls_agent, durability):
+    run = finished(start("nulls", durability=durability).id)
+    assert run.status == "succeeded", run.error
+    assert run.result == ODD_VALUES[:5]
+    stored = LogEntry.objects.filter(run=run, log="odd").order_by("index")
+    assert [entry.value for entry in stored] == ODD_VALUES
