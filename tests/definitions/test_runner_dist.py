@@ -133,7 +133,7 @@ def test_a_fan_out_branch_that_failed_is_answered_as_unknown(model, webhook, mon
 
 
 def test_a_waiting_run_across_a_runner_upgrade_is_refused_then_migrated_to_a_new_version(
-        model, webhook, monkeypatch):
+        model, webhook, monkeypatch, settings):
     """RUNNER_VERSION is pinned with each definition version (Agent.pins): a deploy that bumps
     it refuses every unfinished run of a tenant agent at its next claim (the steps' meaning
     changed), with a reason that says what to do; a new version of the definition and a
@@ -143,16 +143,23 @@ def test_a_waiting_run_across_a_runner_upgrade_is_refused_then_migrated_to_a_new
         "url": "{{input.url}}", "payload": {"n": 1}}}]}, {"content": "done"}]})
     run = finished(start(a, input={"url": webhook.url + "/hook"}).id)
     assert run.status == "waiting"
-    monkeypatch.setattr(runner, "RUNNER_VERSION", runner.RUNNER_VERSION + 1)  # the new deploy
-    monkeypatch.setattr(registry, "_cache", OrderedDict())  # a fresh worker process
-    approval_decide(approval_id=Approval.objects.get(run=run).id, approve=True, by="ann")
-    run = finished(run.id)
-    assert run.status == "waiting" and webhook.state()["deliveries"] == 0
-    assert "runner" in run.waiting_reason and "migrate" in run.waiting_reason, run.waiting_reason
-    spec = AgentDefinition.objects.get(name=a, version=1).spec
-    version = definition_update(name=a, spec={**spec, "description": "on the new runner"}).version
-    run_migrate(run_id=run.id, version=version, by="ann")
-    run = finished(run.id)
+    # The new deploy is this process only: the session's workers still run the old one, and
+    # rightly refuse the migrated run (its version pins the new runner). Run it all here.
+    settings.DISPATCH_LOCK_WAIT_SECONDS = 0.1  # a wake-up's dispatch gives up at once
+    with dispatcher_held():
+        monkeypatch.setattr(runner, "RUNNER_VERSION", runner.RUNNER_VERSION + 1)
+        monkeypatch.setattr(registry, "_cache", OrderedDict())  # a fresh worker process
+        approval_decide(approval_id=Approval.objects.get(run=run).id, approve=True, by="ann")
+        run = finished(run.id)
+        assert run.status == "waiting" and webhook.state()["deliveries"] == 0
+        assert "runner" in run.waiting_reason and "migrate" in run.waiting_reason, \
+            run.waiting_reason
+        spec = AgentDefinition.objects.get(name=a, version=1).spec
+        version = definition_update(name=a, spec={**spec, "description": "on the new runner"}
+                                    ).version
+        run_migrate(run_id=run.id, version=version, by="ann")
+        run = finished(run.id)
+        ReadyRun.objects.filter(run_id=run.id).delete()
     assert run.status == "succeeded", run.error
     assert webhook.state()["acted"] == 1
 
