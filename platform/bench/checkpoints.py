@@ -384,10 +384,31 @@ def measure(contender: Contender, steps: int) -> Measurement:
     return Measurement(contender.name, steps, seconds, contender.row_bytes(key), after - before)
 
 
-def checkpoints_bench(*, contenders: list[Contender], lengths: Iterable[int], repeat: int = 3,
+def _interleaved(ready: list[Contender], steps: int, repeat: int,
+                 give_up: Callable[[Contender, Exception], None]):
+    """Each contender's `repeat` runs at `steps`, sorted by time, measured in rounds: every
+    round runs each contender once, the order rotating, so a spell of slow disk flushes (they
+    come and go on this machine for seconds at a time) falls on all of them alike instead of
+    on whichever ran its repeats back to back in it. A contender that fails is given up."""
+    runs: dict[str, list[Measurement]] = {contender.name: [] for contender in ready}
+    for round_ in range(repeat):
+        for contender in ready[round_ % len(ready):] + ready[:round_ % len(ready)]:
+            if contender not in ready:
+                continue
+            try:
+                runs[contender.name].append(measure(contender, steps))
+            except Exception as exc:
+                give_up(contender, exc)
+                ready.remove(contender)
+    return [(contender, sorted(runs[contender.name], key=lambda m: m.seconds))
+            for contender in ready]
+
+
+def checkpoints_bench(*, contenders: list[Contender], lengths: Iterable[int], repeat: int = 5,
                       warmup: int = 20, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Measure every contender at every length (median of `repeat` runs by time); print the
-    table and the closing line. Peers that fail are reported, not fatal; ours and floor are."""
+    """Measure every contender at every length (median of `repeat` interleaved runs by time);
+    print the table and the closing line. Peers that fail are reported, not fatal; ours and
+    floor are."""
     lengths = sorted(lengths)
     unavailable: dict[str, str] = {}
     ready: list[Contender] = []
@@ -407,14 +428,7 @@ def checkpoints_bench(*, contenders: list[Contender], lengths: Iterable[int], re
             except Exception as exc:
                 give_up(contender, exc)
         for steps in lengths:
-            for contender in list(ready):
-                try:
-                    runs = sorted((measure(contender, steps) for _ in range(repeat)),
-                                  key=lambda m: m.seconds)
-                except Exception as exc:
-                    give_up(contender, exc)
-                    ready.remove(contender)
-                    continue
+            for contender, runs in _interleaved(ready, steps, repeat, give_up):
                 results[(contender.name, steps)] = runs[len(runs) // 2]
                 print(f"  measured {contender.name} at {steps} steps: "
                       f"{results[(contender.name, steps)].ms_per_step:.3f} ms/step",
@@ -453,7 +467,7 @@ def report(*, contenders: list[Contender], lengths: list[int],
            out: TextIO) -> dict[str, Any]:
     middle, first, last = lengths[len(lengths) // 2], lengths[0], lengths[-1]
     print(f"checkpoints: a loop agent appending one ~200-byte message per step; "
-          f"{_server_facts()}; median of {repeat} run(s) per cell", file=out)
+          f"{_server_facts()}; median of {repeat} interleaved run(s) per cell", file=out)
     for contender in contenders:
         versions = _versions(contender.name)
         if versions:
@@ -533,7 +547,8 @@ def main(argv: list[str]) -> int:
                         help="run lengths, comma-separated (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: lengths {QUICK_LENGTHS}, one run per cell")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per cell; the median counts")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="runs per cell, interleaved across systems; the median counts")
     parser.add_argument("--warmup", type=int, default=20, help="steps of an unmeasured first run")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help="which to measure (default: %(default)s)")
