@@ -20,7 +20,7 @@ from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
 from ..events import event_record
-from ..models import Branch, Checkpoint, LogEntry, Run
+from ..models import Branch, Checkpoint, Run
 from ..state import LogView, State, StateTooLarge, state_merge
 from ..transitions import (
     Fail,
@@ -211,8 +211,8 @@ class Harness:
             if name not in self.agent.logs:
                 raise StepError(f"step {step.name!r} appended to undeclared log {name!r}")
             for value in values:
-                entries.append(LogEntry(run_id=self.run.id, log=name, index=offsets.get(name, 0),
-                                        visit=position.visit + 1, value=value))
+                entries.append({"log": name, "index": offsets.get(name, 0),
+                                "visit": position.visit + 1, "value": value})
                 offsets[name] = offsets.get(name, 0) + 1
         match transition:
             case Goto(step=next_step):

@@ -179,8 +179,7 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         None if position.waiting is None else json.dumps(position.waiting, default=str),
     ]
     if entries:
-        params.append(json.dumps([{"log": e.log, "index": e.index, "visit": e.visit,
-                                   "value": e.value} for e in entries]))
+        params.append(json.dumps(entries))
     if outbox:
         params.append(json.dumps([{"name": n["name"], "connector": n["connector"],
                                    "args": n["args"], "key": n["key"]} for n in outbox],

@@ -5,7 +5,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import connection
@@ -13,9 +13,19 @@ from opentelemetry import context as trace_context
 
 from agentplatform.metrics import checkpoint_write_duration
 
-from ..models import Checkpoint, LogEntry, Run
+from ..models import Checkpoint, Run
 from .outcome import CheckpointWriteFailed, LeaseLost, StepError
 from .store import checkpoint_commit, checkpoint_latest, run_fence
+
+
+class PendingEntry(TypedDict):
+    """A log entry not yet written: a `LogEntry` row's columns but the run's, as the checkpoint
+    statement takes them (a dict, dumped as is: no model instance per entry on the step path)."""
+
+    log: str
+    index: int
+    visit: int
+    value: Any
 
 
 @dataclass
@@ -26,7 +36,7 @@ class Position:
     step: str | None
     state: dict[str, Any]
     offsets: dict[str, int]
-    pending_entries: list[LogEntry] = field(default_factory=list)
+    pending_entries: list[PendingEntry] = field(default_factory=list)
     pending_outbox: list[dict] = field(default_factory=list)  # ctx.notify(...) of the step
     waiting: dict | None = None  # what the run parks on at this checkpoint (Checkpoint.waiting)
     handed_over: bool = False  # given to the writer (committed, in flight, or held)
@@ -106,7 +116,7 @@ class CheckpointWriter:
         """Values of log entries handed over but not yet in the database, in order."""
         self._wait()
         held = self._held.pending_entries if self._held is not None else []
-        return [entry.value for entry in held if entry.log == log_name]
+        return [entry["value"] for entry in held if entry["log"] == log_name]
 
     def commit_final(self, position: Position, **run_fields) -> None:
         """Write the checkpoint the run leaves this worker with, together with its run fields."""
