@@ -110,9 +110,13 @@ class RunEvent(models.Model):
 
 
 class Checkpoint(models.Model):
-    """Where a run is after `visit` completed steps: next step, small state, log offsets."""
+    """Where a run is after `visit` completed steps: next step, small state, log offsets.
 
-    # db_index=False: the unique (run, visit) index already serves lookups by run.
+    Keyed on (run, visit), its natural key, without a surrogate `id`: a step's insert then
+    maintains one index, not two (docs/benchmarks.md, 2026-12-06)."""
+
+    pk = models.CompositePrimaryKey("run_id", "visit")
+    # db_index=False: the primary key's index already serves lookups by run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints",
                             db_index=False)
     visit = models.PositiveIntegerField()
@@ -126,26 +130,18 @@ class Checkpoint(models.Model):
     waiting = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "visit"], name="checkpoint_run_visit_unique")
-        ]
-
 
 class LogEntry(models.Model):
-    """One entry of a run's append-only log, stored once; checkpoints hold only offsets."""
+    """One entry of a run's append-only log, stored once; checkpoints hold only offsets. Keyed
+    on (run, log, index), like a checkpoint on its natural key."""
 
+    pk = models.CompositePrimaryKey("run_id", "log", "index")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log_entries",
-                            db_index=False)  # the unique (run, log, index) index serves it
+                            db_index=False)  # the primary key's index serves it
     log = models.CharField(max_length=64)
     index = models.PositiveIntegerField()
     visit = models.PositiveIntegerField()
     value = models.JSONField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "log", "index"], name="log_entry_unique")
-        ]
 
 
 class Branch(models.Model):
