@@ -6,7 +6,8 @@ Ours: real Celery workers (`--workers` processes × `--concurrency` slots) and b
 on a database, Redis db and queue of the bench's own (by BENCH_SLOT, else TEST_SLOT).
 `--tenants` tenants are made, each with its API key; then one process per tenant POSTs
 `--runs` runs of the agent `bench_throughput` (`--steps` steps each, every step a checkpoint in
-`sync` durability) to /api/v1/runs, all tenants at once.
+`sync` durability) to /api/v1/runs, all tenants at once, each over one kept-alive connection
+(as an API client's session does; DBOSClient keeps its database connection likewise).
 
 DBOS (`bench.throughput_dbos`): the same number of worker processes, each launching DBOS with
 one queue whose worker concurrency is our slots per process and whose global concurrency is
@@ -100,6 +101,18 @@ class Measured:
                 f"steps_per_s={self.steps_per_s:.0f} p50_run_s={self.percentile(50):.2f} "
                 f"p99_run_s={self.percentile(99):.2f} cpu_ms_per_step={self.cpu_ms_per_step:.2f} "
                 f"pg_tx_per_step={self.tx_per_step:.2f} tenant_spread={self.spread:.2f}")
+
+
+def median_round(rounds: list[tuple[Measured, Measured | None]]
+                 ) -> tuple[Measured, Measured | None]:
+    """The round whose ratio (ours ÷ DBOS, each pair measured one right after the other) is the
+    median; without DBOS, the round of our median steps/s. The machine's speed drifts by tens
+    of percent over minutes here (a VM): a ratio of one pair, or of two medians taken apart,
+    would carry that drift."""
+    def key(pair: tuple[Measured, Measured | None]) -> float:
+        ours, dbos = pair
+        return ours.steps_per_s / dbos.steps_per_s if dbos else ours.steps_per_s
+    return sorted(rounds, key=key)[len(rounds) // 2]
 
 
 def closing_line(ours: Measured, dbos: Measured | None) -> str:
@@ -233,9 +246,18 @@ class Gunicorn:
             self.process.wait(timeout=30)
 
 
-def run_post(port: int, api_key: str, body: dict) -> int | str:
-    """POST /api/v1/runs: the new run's id, or the status when it is not 201."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+_kept_alive: dict[int, http.client.HTTPConnection] = {}  # a posting process's connection
+
+
+def run_post(port: int, api_key: str, body: dict, *, keep_alive: bool = False) -> int | str:
+    """POST /api/v1/runs: the new run's id, or the status when it is not 201. `keep_alive`: on
+    this process's one connection to the port, as an API client's session would (gunicorn's
+    gthread workers keep it open between requests); else on a connection of its own."""
+    conn = _kept_alive.get(port) if keep_alive else None
+    if conn is None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        if keep_alive:
+            _kept_alive[port] = conn
     try:
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -248,8 +270,13 @@ def run_post(port: int, api_key: str, body: dict) -> int | str:
                 raise RuntimeError(f"POST /api/v1/runs: {response.status} {answer[:300]!r}")
             return response.status
         return json.loads(answer)["id"]
-    finally:
+    except BaseException:  # never sent again here (a POST is not idempotent): the bench fails
+        _kept_alive.pop(port, None)
         conn.close()
+        raise
+    finally:
+        if not keep_alive:
+            conn.close()
 
 
 def runs_finished(conn, schemas: list[str]) -> dict[str, float]:
@@ -308,7 +335,8 @@ def ours_run(args, out) -> Measured:
             body = {"agent": "bench_throughput", "input": {"steps": args.steps}}
             port = web.port
             by_tenant, posted_at = posters_run(
-                lambda tenant, i: run_post(port, keys[tenant], body), schemas, args.runs)
+                lambda tenant, i: run_post(port, keys[tenant], body, keep_alive=True), schemas,
+                args.runs)
             first = min(sent for runs in by_tenant.values() for _, sent in runs)
             total, polls = args.tenants * args.runs, 0
             deadline = time.monotonic() + args.deadline
@@ -430,6 +458,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--settle", type=float, default=11.0,
                         help="seconds idle before measuring, so idle backends report their "
                              "transactions (PostgreSQL: after 10 s)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of ours then DBOS; the round of the median ratio is reported")
     parser.add_argument("--deadline", type=float, default=600.0)
     parser.add_argument("--port", type=int, default=0, help="API port (default by slot)")
     parser.add_argument("--keep", action="store_true", help="keep DBOS's database")
@@ -447,19 +477,27 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     with open("/proc/loadavg") as f:
         print(f"load average before: {' '.join(f.read().split()[:3])}", file=out)
-    ours = ours_run(args, out)
-    print(ours.line(), file=out, flush=True)
-    dbos = None
-    if "dbos" in systems:
+    dbos_ready = "dbos" in systems
+    if dbos_ready:
         try:
             import dbos as _  # noqa: F401
         except ImportError as exc:
             print(f"dbos: unavailable: {exc}; pip install -e '.[bench]'", file=out)
-        else:
-            dbos = dbos_run(args, out)
+            dbos_ready = False
+    rounds: list[tuple[Measured, Measured | None]] = []
+    for _ in range(args.rounds):
+        ours = ours_run(args, out)
+        print(ours.line(), file=out, flush=True)
+        dbos = dbos_run(args, out) if dbos_ready else None
+        if dbos is not None:
             print(dbos.line(), file=out, flush=True)
+        rounds.append((ours, dbos))
+    ours, dbos = median_round(rounds)
     with open("/proc/loadavg") as f:
         print(f"load average after: {' '.join(f.read().split()[:3])}", file=out)
+    if len(rounds) > 1:
+        print(f"median of {len(rounds)} rounds, by " + (
+            "ours ÷ DBOS (each round: ours, then DBOS):" if dbos else "our steps/s:"), file=out)
     print(closing_line(ours, dbos), file=out)
     return 0
 

@@ -19,10 +19,12 @@ def test_throughput_bench_posts_runs_through_the_api_and_prints_its_closing_line
     done = subprocess.run(
         [sys.executable, "-m", "bench", "throughput", "--tenants", "2", "--runs", "2",
          "--steps", "3", "--workers", "1", "--concurrency", "1", "--settle", "0",
-         "--systems", "ours", "--deadline", "40"],
+         "--systems", "ours", "--deadline", "40", "--rounds", "2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert lines[-2] == "median of 2 rounds, by our steps/s:", lines
+    assert len([line for line in lines if line.startswith("ours: ")]) == 2, lines
     assert re.fullmatch(
         r"throughput: tenants=2 runs=4 steps_per_s=\d+ vs_dbos=n/a cpu_ms_per_step=\d+\.\d\d "
         r"pg_tx_per_step=\d+\.\d\d p99_run_s=\d+\.\d\d tenant_spread=\d+\.\d\d", lines[-1]), lines
