@@ -109,7 +109,21 @@ class RunEvent(models.Model):
         indexes = [models.Index(fields=["run", "id"])]
 
 
-class Checkpoint(models.Model):
+class AppendOnly(models.Model):
+    """A row of a run's history, keyed on its natural key: written once, never updated."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        """Always an INSERT: with its whole key set, a composite key's `save()` would try an
+        UPDATE first, which the append-only trigger refuses (or, while pruning, lets pass as
+        a no-op that inserts nothing)."""
+        kwargs.setdefault("force_insert", True)
+        super().save(*args, **kwargs)
+
+
+class Checkpoint(AppendOnly):
     """Where a run is after `visit` completed steps: next step, small state, log offsets.
 
     Keyed on (run, visit), its natural key, without a surrogate `id`: a step's insert then
@@ -131,7 +145,7 @@ class Checkpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
 
-class LogEntry(models.Model):
+class LogEntry(AppendOnly):
     """One entry of a run's append-only log, stored once; checkpoints hold only offsets. Keyed
     on (run, log, index), like a checkpoint on its natural key."""
 

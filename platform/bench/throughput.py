@@ -106,13 +106,13 @@ class Measured:
 def median_round(rounds: list[tuple[Measured, Measured | None]]
                  ) -> tuple[Measured, Measured | None]:
     """The round whose ratio (ours ÷ DBOS, each pair measured one right after the other) is the
-    median; without DBOS, the round of our median steps/s. The machine's speed drifts by tens
-    of percent over minutes here (a VM): a ratio of one pair, or of two medians taken apart,
-    would carry that drift."""
+    median (of an even number, the lower middle); without DBOS, that of our median steps/s.
+    The machine's speed drifts by tens of percent over minutes here (a VM): a ratio of one
+    pair, or of two medians taken apart, would carry that drift."""
     def key(pair: tuple[Measured, Measured | None]) -> float:
         ours, dbos = pair
         return ours.steps_per_s / dbos.steps_per_s if dbos else ours.steps_per_s
-    return sorted(rounds, key=key)[len(rounds) // 2]
+    return sorted(rounds, key=key)[(len(rounds) - 1) // 2]  # of two middle ones, the lower
 
 
 def closing_line(ours: Measured, dbos: Measured | None) -> str:
@@ -459,7 +459,8 @@ def main(argv: list[str]) -> int:
                         help="seconds idle before measuring, so idle backends report their "
                              "transactions (PostgreSQL: after 10 s)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of ours then DBOS; the round of the median ratio is reported")
+                        help="rounds of both systems (which goes first alternates); the round "
+                             "of the median ratio is reported")
     parser.add_argument("--deadline", type=float, default=600.0)
     parser.add_argument("--port", type=int, default=0, help="API port (default by slot)")
     parser.add_argument("--keep", action="store_true", help="keep DBOS's database")
@@ -467,6 +468,8 @@ def main(argv: list[str]) -> int:
                         help="log every statement on our bench database (PostgreSQL's log): "
                              "to count what a run costs, not to time it")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     systems = args.systems.split(",")
     # SIGTERM (a timeout) unwinds like Ctrl-C: the workers, beat and web server are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -485,19 +488,24 @@ def main(argv: list[str]) -> int:
             print(f"dbos: unavailable: {exc}; pip install -e '.[bench]'", file=out)
             dbos_ready = False
     rounds: list[tuple[Measured, Measured | None]] = []
-    for _ in range(args.rounds):
-        ours = ours_run(args, out)
-        print(ours.line(), file=out, flush=True)
-        dbos = dbos_run(args, out) if dbos_ready else None
-        if dbos is not None:
-            print(dbos.line(), file=out, flush=True)
-        rounds.append((ours, dbos))
+    for round_ in range(args.rounds):  # who goes first alternates: neither always follows
+        measured: dict[str, Measured] = {}
+        for system in (("ours", "dbos") if round_ % 2 == 0 else ("dbos", "ours")):
+            if system == "ours":
+                measured[system] = ours_run(args, out)
+            elif dbos_ready:
+                measured[system] = dbos_run(args, out)
+            else:
+                continue
+            print(measured[system].line(), file=out, flush=True)
+        rounds.append((measured["ours"], measured.get("dbos")))
     ours, dbos = median_round(rounds)
     with open("/proc/loadavg") as f:
         print(f"load average after: {' '.join(f.read().split()[:3])}", file=out)
     if len(rounds) > 1:
         print(f"median of {len(rounds)} rounds, by " + (
-            "ours ÷ DBOS (each round: ours, then DBOS):" if dbos else "our steps/s:"), file=out)
+            "ours ÷ DBOS (each pair measured one right after the other):" if dbos
+            else "our steps/s:"), file=out)
     print(closing_line(ours, dbos), file=out)
     return 0
 
