@@ -17,10 +17,18 @@ class StateTooLarge(ValueError):
 
 def state_merge(state: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """The new small state; refuses non-JSON values and states over RUN_STATE_MAX_BYTES."""
+    return state_merge_dumped(state, update)[0]
+
+
+def state_merge_dumped(state: Mapping[str, Any], update: Mapping[str, Any]
+                       ) -> tuple[dict[str, Any], str | None]:
+    """`state_merge`, with the new state's JSON as measured (what its checkpoint stores, as
+    it was at this step boundary), or None if it had to be measured field by field."""
     merged = {**state, **update}
     try:  # the whole is longer than its values: within the limit, they are too (one call)
-        if len(json.dumps(merged, separators=(",", ":"))) <= settings.RUN_STATE_MAX_BYTES:
-            return merged
+        dumped = json.dumps(merged, separators=(",", ":"))
+        if len(dumped) <= settings.RUN_STATE_MAX_BYTES:
+            return merged, dumped
     except (TypeError, ValueError):
         pass  # which field is not JSON: below
     sizes = {}
@@ -37,7 +45,7 @@ def state_merge(state: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str
             f"small state is {total} bytes, over the {limit}-byte limit; field {biggest!r} "
             f"alone is {sizes[biggest]} bytes: keep large or growing data in an append-only log"
         )
-    return merged
+    return merged, None
 
 
 class State(Mapping):

@@ -21,7 +21,7 @@ from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 from ..agents import Agent, Step
 from ..events import event_record
 from ..models import Branch, Checkpoint, Run
-from ..state import LogView, State, StateTooLarge, state_merge
+from ..state import LogView, State, StateTooLarge, state_merge_dumped
 from ..transitions import (
     Fail,
     FanOut,
@@ -202,7 +202,7 @@ class Harness:
                 f"in next={sorted(step.next)}"
             )
         try:
-            state = state_merge(position.state, transition.update)
+            state, state_json = state_merge_dumped(position.state, transition.update)
         except StateTooLarge as exc:
             raise StepError(str(exc)) from None
         offsets = dict(position.offsets)
@@ -226,7 +226,7 @@ class Harness:
                                                scope=f"outbox/{position.visit}", name=n["name"]))
                   for n in self.notifications]
         return Position(visit=position.visit + 1, step=next_step, state=state, offsets=offsets,
-                        pending_entries=entries, pending_outbox=outbox)
+                        pending_entries=entries, pending_outbox=outbox, state_json=state_json)
 
     def _cancel_requested(self) -> bool:
         """Seen on every checkpoint write; exit mode, which writes none, asks now and then."""

@@ -174,7 +174,8 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         params, sql = [], _checkpoint_fenced_sql(schema, bool(entries), bool(outbox))
     params += [
         run.id, epoch,
-        position.visit, position.step, json.dumps(position.state),
+        position.visit, position.step,
+        json.dumps(position.state) if position.state_json is None else position.state_json,
         json.dumps(position.offsets), run.agent_version, run.topology_hash,
         None if position.waiting is None else json.dumps(position.waiting, default=str),
     ]

@@ -40,6 +40,7 @@ class Position:
     pending_outbox: list[dict] = field(default_factory=list)  # ctx.notify(...) of the step
     waiting: dict | None = None  # what the run parks on at this checkpoint (Checkpoint.waiting)
     handed_over: bool = False  # given to the writer (committed, in flight, or held)
+    state_json: str | None = None  # `state` dumped at the step boundary, if it was (_apply)
 
 
 def position_load(*, run: Run, checkpoint: Checkpoint | None = None) -> Position:
