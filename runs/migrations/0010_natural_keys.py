@@ -7,35 +7,70 @@ code, which reads `id` and inserts with `RETURNING id`, goes on working; only th
 moves. Nothing in this code names `id` (the models' state has a `CompositePrimaryKey`); a
 later release drops the columns (catalog-only, once no process reads them).
 
-No table is locked for more than a catalog change: the new unique index is built
+No table with rows is locked for more than a catalog change: the new unique index is built
 CONCURRENTLY (writers go on; an invalid one left by an interrupted build is rebuilt), then
 one short transaction, bounded by `lock_timeout` and retried, drops the old keys and makes
-that index the primary key (`USING INDEX`, no scan). Django 5.2 does not migrate an existing
+that index the primary key (`USING INDEX`, no scan). An empty table (a new tenant's) gets
+its index in that transaction instead. Django 5.2 does not migrate an existing
 primary key to a `CompositePrimaryKey`, hence SQL with the state alongside."""
 
 import time
 
 from django.db import OperationalError, migrations, models, transaction
 
-# table, its natural key, the unique constraint that stood for it, the index built for it
+# table, its natural key, the unique constraint that stood for it
 KEYS = [
     ("runs_checkpoint", "run_id, visit", "checkpoint_run_visit_unique"),
     ("runs_logentry", "run_id, log, index", "log_entry_unique"),
 ]
 LOCK_TIMEOUT, ATTEMPTS = "3s", 20
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
 
 
-def _index_concurrently(cursor, name: str, table: str, columns: str) -> None:
-    """A valid unique index `name` on `table (columns)`, built without blocking writers."""
+# Every name is qualified with the tenant's schema: through a transaction pooler, a statement
+# outside a transaction (CREATE INDEX CONCURRENTLY) may reach a server connection whose
+# search_path is another tenant's.
+def _empty(cursor, schema: str, table: str) -> bool:
+    cursor.execute(f'SELECT NOT EXISTS (SELECT FROM "{schema}".{table})')
+    return cursor.fetchone()[0]
+
+
+def _concurrently(connection) -> str:
+    """CONCURRENTLY, unless a caller runs the migration inside its transaction (a tenant saved
+    through the ORM: django-tenants migrates its new schema there), where it cannot be."""
+    return "" if connection.in_atomic_block else "CONCURRENTLY"
+
+
+def _index_valid(cursor, schema: str, name: str) -> bool | None:
+    """Whether the index `name` is valid; None if there is none."""
     cursor.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                   "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
-                   [name])
+                   "WHERE c.relname = %s AND c.relnamespace = %s::regnamespace", [name, schema])
     found = cursor.fetchone()
-    if found and found[0]:
+    return None if found is None else found[0]
+
+
+def _index_concurrently(connection, cursor, schema: str, name: str, table: str,
+                        columns: str) -> None:
+    """A valid unique index `name` on `table (columns)`, built without blocking writers."""
+    valid = _index_valid(cursor, schema, name)
+    if valid:
         return
-    if found:  # an interrupted concurrent build leaves an invalid index behind
-        cursor.execute(f"DROP INDEX CONCURRENTLY {name}")
-    cursor.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON {table} ({columns})")
+    how = _concurrently(connection)
+    if valid is not None:  # an interrupted concurrent build leaves an invalid index behind
+        cursor.execute(f'DROP INDEX {how} "{schema}".{name}')
+    cursor.execute(f'CREATE UNIQUE INDEX {how} {name} ON "{schema}".{table} ({columns})')
+
+
+def _indexed(connection, schema: str, name: str, table: str, columns: str) -> list[str]:
+    """A unique index `name` for the swap: built CONCURRENTLY now if the table has rows (its
+    writers go on meanwhile), else (a new tenant's schema) built by the swap's transaction,
+    which then waits on nothing but the table: a concurrent build waits for every older
+    transaction in the database. Returns what the swap runs first."""
+    with connection.cursor() as cursor:
+        if _empty(cursor, schema, table):
+            return [f'CREATE UNIQUE INDEX IF NOT EXISTS {name} ON "{schema}".{table} ({columns})']
+        _index_concurrently(connection, cursor, schema, name, table, columns)
+    return []
 
 
 def _swap(connection, statements: list[str]) -> None:
@@ -49,45 +84,52 @@ def _swap(connection, statements: list[str]) -> None:
                     cursor.execute(statement)
             return
         except OperationalError as exc:
-            if "lock timeout" not in str(exc) or attempt == ATTEMPTS:
+            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE \
+                    or attempt == ATTEMPTS:
                 raise
             time.sleep(min(attempt, 5))
 
 
-def _swapped(cursor, table: str, unique: str) -> bool:
+def _swapped(cursor, schema: str, table: str, unique: str) -> bool:
     """Whether `table` is keyed on its natural key already: its old unique constraint is gone
     (a run of this migration stopped between the two tables, then run again)."""
     cursor.execute("SELECT NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = %s::regclass "
-                   "AND conname = %s)", [table, unique])
+                   "AND conname = %s)", [f'"{schema}".{table}', unique])
     return cursor.fetchone()[0]
 
 
 def forward(apps, schema_editor) -> None:
     connection = schema_editor.connection
+    schema = connection.schema_name
     for table, columns, unique in KEYS:
         with connection.cursor() as cursor:
-            if _swapped(cursor, table, unique):
+            if _swapped(cursor, schema, table, unique):
                 continue
-            _index_concurrently(cursor, f"{table}_natural", table, columns)
-        _swap(connection, [
-            f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey, DROP CONSTRAINT {unique}",
-            f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY "
+            for leftover in (f"{table}_id", f"{unique}_idx"):  # of a reverse run that stopped
+                if _index_valid(cursor, schema, leftover) is not None:
+                    cursor.execute(f'DROP INDEX {_concurrently(connection)} "{schema}".{leftover}')
+        first = _indexed(connection, schema, f"{table}_natural", table, columns)
+        _swap(connection, [*first,
+            f'ALTER TABLE "{schema}".{table} DROP CONSTRAINT {table}_pkey, '
+            f"DROP CONSTRAINT {unique}",
+            f'ALTER TABLE "{schema}".{table} ADD CONSTRAINT {table}_pkey PRIMARY KEY '
             f"USING INDEX {table}_natural",
         ])
 
 
 def backward(apps, schema_editor) -> None:
     connection = schema_editor.connection
+    schema = connection.schema_name
     for table, columns, unique in KEYS:
         with connection.cursor() as cursor:
-            if not _swapped(cursor, table, unique):
+            if not _swapped(cursor, schema, table, unique):
                 continue
-            _index_concurrently(cursor, f"{table}_id", table, "id")
-            _index_concurrently(cursor, f"{unique}_idx", table, columns)
-        _swap(connection, [
-            f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey",
-            f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY USING INDEX {table}_id, "
-            f"ADD CONSTRAINT {unique} UNIQUE USING INDEX {unique}_idx",
+        first = [*_indexed(connection, schema, f"{table}_id", table, "id"),
+                 *_indexed(connection, schema, f"{unique}_idx", table, columns)]
+        _swap(connection, [*first,
+            f'ALTER TABLE "{schema}".{table} DROP CONSTRAINT {table}_pkey',
+            f'ALTER TABLE "{schema}".{table} ADD CONSTRAINT {table}_pkey PRIMARY KEY '
+            f"USING INDEX {table}_id, ADD CONSTRAINT {unique} UNIQUE USING INDEX {unique}_idx",
         ])
 
 
