@@ -126,8 +126,10 @@ class AppendOnly(models.Model):
 class Checkpoint(AppendOnly):
     """Where a run is after `visit` completed steps: next step, small state, log offsets.
 
-    Keyed on (run, visit), its natural key, without a surrogate `id`: a step's insert then
-    maintains one index, not two (docs/benchmarks.md, 2026-12-06)."""
+    Keyed on (run, visit), its natural key: a step's insert maintains one index, not two
+    (docs/benchmarks.md, 2026-12-06). The table still has the `id` column earlier releases
+    keyed it on, drawn by its default and never named here, until a later release drops it
+    (migration 0010)."""
 
     pk = models.CompositePrimaryKey("run_id", "visit")
     # db_index=False: the primary key's index already serves lookups by run.
