@@ -487,17 +487,14 @@ def main(argv: list[str]) -> int:
         except ImportError as exc:
             print(f"dbos: unavailable: {exc}; pip install -e '.[bench]'", file=out)
             dbos_ready = False
+    passes = [ours_run, dbos_run] if dbos_ready else [ours_run]
     rounds: list[tuple[Measured, Measured | None]] = []
     for round_ in range(args.rounds):  # who goes first alternates: neither always follows
         measured: dict[str, Measured] = {}
-        for system in (("ours", "dbos") if round_ % 2 == 0 else ("dbos", "ours")):
-            if system == "ours":
-                measured[system] = ours_run(args, out)
-            elif dbos_ready:
-                measured[system] = dbos_run(args, out)
-            else:
-                continue
-            print(measured[system].line(), file=out, flush=True)
+        for run in passes if round_ % 2 == 0 else passes[::-1]:
+            m = run(args, out)
+            measured[m.system] = m
+            print(m.line(), file=out, flush=True)
         rounds.append((measured["ours"], measured.get("dbos")))
     ours, dbos = median_round(rounds)
     with open("/proc/loadavg") as f:
