@@ -1,10 +1,12 @@
 """The session log's one writer: `event_record` appends a RunEvent row. Imports no other app,
 so every layer can record what happened to a run. Tenants read these rows: their error texts are
-redacted of credentials and secret URL parts (agentplatform.redaction) on the way in."""
+redacted of credentials and secret URL parts (agentplatform.redaction) on the way in, and
+made storable (an exception's message may hold U+0000, which PostgreSQL's text refuses)."""
 
 from uuid import UUID
 
 from agentplatform.redaction import secrets_redact_data
+from agentplatform.storable import json_storable
 
 from .models import RunEvent
 
@@ -15,5 +17,5 @@ ERROR_FIELDS = ("error", "traceback", "reason")
 def event_record(*, run_id: UUID, kind: str, visit: int | None = None, **data) -> None:
     for name in ERROR_FIELDS:
         if name in data:
-            data[name] = secrets_redact_data(data[name])
+            data[name] = json_storable(secrets_redact_data(data[name]))
     RunEvent.objects.create(run_id=run_id, kind=kind, visit=visit, data=data)

@@ -1,12 +1,13 @@
 """A run's state as a step sees it: small fields (snapshotted per checkpoint) and append-only
 logs (each entry stored once; a checkpoint keeps only how long each log was)."""
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+
+from agentplatform.storable import Unstorable, json_dumped
 
 from .models import LogEntry
 
@@ -16,7 +17,8 @@ class StateTooLarge(ValueError):
 
 
 def state_merge(state: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """The new small state; refuses non-JSON values and states over RUN_STATE_MAX_BYTES."""
+    """The new small state; refuses values PostgreSQL cannot store (`json_dumped`) and states
+    over RUN_STATE_MAX_BYTES."""
     return state_merge_dumped(state, update)[0]
 
 
@@ -26,17 +28,18 @@ def state_merge_dumped(state: Mapping[str, Any], update: Mapping[str, Any]
     it was at this step boundary), or None if it had to be measured field by field."""
     merged = {**state, **update}
     try:  # the whole is longer than its values: within the limit, they are too (one call)
-        dumped = json.dumps(merged, separators=(",", ":"))
+        dumped = json_dumped(merged)
         if len(dumped) <= settings.RUN_STATE_MAX_BYTES:
             return merged, dumped
-    except (TypeError, ValueError):
-        pass  # which field is not JSON: below
+    except Unstorable:
+        pass  # which field cannot be stored: below
     sizes = {}
     for name, value in merged.items():
         try:
-            sizes[name] = len(json.dumps(value, separators=(",", ":")))
-        except (TypeError, ValueError) as exc:
-            raise StateTooLarge(f"state field {name!r} is not JSON: {exc}") from None
+            json_dumped(name)  # the name may be what cannot be stored
+            sizes[name] = len(json_dumped(value))
+        except Unstorable as exc:
+            raise StateTooLarge(f"state field {name!r} cannot be stored: {exc}") from None
     limit = settings.RUN_STATE_MAX_BYTES
     total = sum(sizes.values())
     if total > limit:

@@ -105,6 +105,20 @@ def fan_out(step: str, items: list, *, then: str, update: dict | None = None) ->
     return FanOut(step, list(items), then, update=update or {})
 
 
+def stored(transition: Transition) -> list[Any]:
+    """What of a transition is stored as JSON besides its `update` (the state, measured on its
+    own): its appended values and the result, request, items, key or input it carries. (A
+    `fail` reason is text, made storable where it is recorded.)"""
+    match transition:
+        case Finish(result=carried) | WaitForApproval(request=carried) | FanOut(items=carried):
+            return [transition.append, carried]
+        case WaitForEvent(kind=kind, key=key):
+            return [transition.append, kind, key]
+        case RunChild(agent=agent, input=carried, version=version):
+            return [transition.append, agent, carried, version]
+    return [transition.append]
+
+
 def targets(transition: Transition) -> set[str]:
     """The steps a transition may lead to, checked against the step's declared `next`."""
     match transition:

@@ -33,7 +33,7 @@ from django_tenants.utils import tenant_context
 
 from agentplatform.doorbell import doorbell_ring
 from agentplatform.errors import ServiceError
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape
 from runs.approvals.services import ApprovalError, approval_decide, event_deliver
 from tenants.models import Tenant
 

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape
 
 
 def _no_constant(name: str):

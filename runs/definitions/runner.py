@@ -43,7 +43,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape
 from integrations.connectors import connector_get
 from runs.agents import Agent, RetryPolicy
 from runs.engine.ports import EffectError, EffectRefused

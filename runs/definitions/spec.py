@@ -37,6 +37,7 @@ MAX_TOOLS = 64
 MAX_INSTRUCTIONS = 50_000
 MAX_TOKENS_PER_TURN = 32_768
 MAX_TURNS = 1_000
+EVENT_KIND_MAX = 64  # an event gate's kind column (runs.approvals.models.EventGate)
 
 # A connector action a tool may name: (connector, default argument schema).
 ACTIONS: dict[str, tuple[str, dict]] = {
@@ -377,8 +378,9 @@ def _tool(errors, path, item, credentials) -> Tool | None:
             default_parameters = SANDBOX_PARAMETERS
     elif kind == "wait_for_event":
         event, key_argument = item.get("event"), item.get("key_argument")
-        if not isinstance(event, str) or not event or len(event) > 100:
-            errors.add(f"{path}.event", "is required: the kind of event to wait for")
+        if not isinstance(event, str) or not event or len(event) > EVENT_KIND_MAX:
+            errors.add(f"{path}.event", "is required: the kind of event to wait for (at most "
+                                        f"{EVENT_KIND_MAX} characters)")
         if not isinstance(key_argument, str) or not key_argument:
             errors.add(f"{path}.key_argument", "is required: the argument whose value is the event's key")
         options = {"event": event, "key_argument": key_argument}

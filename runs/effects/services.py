@@ -16,8 +16,6 @@ outcome, and an expired claim or a failure that may have been sent follows the s
 import hashlib
 import json
 import logging
-import math
-import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -34,6 +32,7 @@ from agentplatform.errors import ServiceError
 from agentplatform.metrics import effects as effects_counted
 from agentplatform.metrics import outbox_deliveries
 from agentplatform.redaction import secrets_redact
+from agentplatform.storable import Unstorable, json_dumped, json_storable
 from agentplatform.telemetry import span_start
 from integrations.connectors import Call, ConnectorError, Lookup, connector_get
 from integrations.connectors.base import Found
@@ -110,6 +109,14 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
                     span, credential: str, report: dict) -> Any:
     receiver = connector_get(connector)
     schema = connection.schema_name
+    try:  # refused in words before anything is recorded, not by the database at the insert
+        json_dumped([name, args], default=str)
+    except Unstorable as exc:
+        raise EffectRefused(f"effect {name!r}: its name or arguments cannot be stored: {exc}"
+                            ) from None
+    if len(name) > Effect._meta.get_field("name").max_length:
+        raise EffectRefused(f"an effect's name must be at most "
+                            f"{Effect._meta.get_field('name').max_length} characters")
     # The default label leaves the digest as it always was; another one is part of it.
     digest = args_digest(args if credential == "default" else {"args": args, "credential": credential})
     effect = Effect.objects.filter(run_id=scope.run_id, scope=scope.key, name=name).first()
@@ -158,7 +165,7 @@ def _effect_perform(*, scope: Scope, name: str, connector: str, args: dict, budg
     try:
         result = receiver.execute(call)
     except ConnectorError as exc:
-        error = secrets_redact(str(exc))
+        error = json_storable(secrets_redact(str(exc)))  # a receiver's words may hold U+0000
         if exc.sent and not resend_is_safe:
             Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
                 status=Effect.Status.UNKNOWN, error=error, maybe_sent=True)
@@ -247,30 +254,13 @@ def _fence(scope: Scope) -> tuple[str, list]:
             "FOR SHARE", [scope.run_id, scope.epoch])
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # U+0000 and lone surrogates
-
-
-def result_storable(value: Any) -> Any:
-    """`value` as PostgreSQL's jsonb can hold it. A receiver's or a model's JSON may hold a NUL
-    character or a lone surrogate (each becomes U+FFFD), NaN or an infinity (its text), which
-    jsonb refuses: a result that cannot be recorded would be asked for (and a model turn paid
-    for) again on every retry of the step. Everything else is left as it is."""
-    if isinstance(value, str):
-        return _UNSTORABLE.sub("\ufffd", value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {result_storable(str(key)): result_storable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [result_storable(item) for item in value]
-    return value
-
-
 def _effect_done(effect: Effect, result: Any, reconciled: bool = False) -> Any:
     """Record the outcome, and model usage on the run, once (facts are never fenced: a worker
     that lost its lease still reports truthfully what the world did). The step reads what is
-    recorded (`result_storable`), so a re-run replays exactly what the first run read."""
-    result = result_storable(result)
+    recorded (`json_storable`), so a re-run replays exactly what the first run read."""
+    # A receiver's or a model's JSON may hold what jsonb refuses: a result that cannot be
+    # recorded would be asked for (and a model turn paid for) again on every retry.
+    result = json_storable(result)
     usage = result.get("usage") if isinstance(result, dict) else None
     with transaction.atomic():
         recorded = Effect.objects.filter(id=effect.id).exclude(status=Effect.Status.DONE).update(
@@ -515,11 +505,11 @@ def _outbox_record(message: OutboxMessage, status: str, *, result: Any = None, e
               attempts=message.attempts)
     if status == OutboxMessage.Status.DELIVERED:
         claim |= Q(status=OutboxMessage.Status.UNKNOWN)
-    error = secrets_redact(error)
+    error = json_storable(secrets_redact(error))  # a receiver's words may hold U+0000
     fields = {"status": status, "claimed_by": "", "claimed_until": None, "last_error": error,
               "maybe_sent": sent}
     if status == OutboxMessage.Status.DELIVERED:
-        fields.update(result=result, delivered_at=timezone.now())
+        fields.update(result=json_storable(result), delivered_at=timezone.now())
     elif status == OutboxMessage.Status.PENDING:
         fields["next_attempt_at"] = timezone.now() + timedelta(
             seconds=settings.OUTBOX_BACKOFF_SECONDS * 2 ** (message.attempts - 1))

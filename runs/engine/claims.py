@@ -13,6 +13,7 @@ from opentelemetry import trace
 
 from agentplatform.metrics import run_finished_count
 from agentplatform.redaction import secrets_redact
+from agentplatform.storable import json_storable
 from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_defer
 
@@ -49,7 +50,7 @@ def run_park_refused(*, run: Run, epoch: int, reason: str,
                      kind: str = "resume_refused") -> Outcome:
     """Leave a run parked (waiting) with the reason it cannot run on this code (redacted: an
     engine error's message may quote a secret)."""
-    reason = secrets_redact(reason)
+    reason = json_storable(secrets_redact(reason))  # a text column refuses U+0000
     with transaction.atomic():
         run_fence(run=run, epoch=epoch, status=Run.Status.WAITING, waiting_reason=reason,
                   lease_owner="", lease_expires_at=None)

@@ -15,10 +15,13 @@ from opentelemetry import trace
 from agentplatform.errors import ServiceError
 from agentplatform.metrics import run_finished_count, step_duration
 from agentplatform.redaction import secrets_redact
+from agentplatform.storable import Unstorable, json_dumped, json_storable
 from agentplatform.telemetry import span_start
 from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 
 from ..agents import Agent, Step
+from ..approvals.models import EventGate
+from ..effects.models import OutboxMessage
 from ..events import event_record
 from ..models import Branch, Checkpoint, Run
 from ..state import LogView, State, StateTooLarge, state_merge_dumped
@@ -32,6 +35,7 @@ from ..transitions import (
     Transition,
     WaitForApproval,
     WaitForEvent,
+    stored,
     targets,
 )
 from .context import INTERRUPTS, StepContext
@@ -203,8 +207,15 @@ class Harness:
             )
         try:
             state, state_json = state_merge_dumped(position.state, transition.update)
+            json_dumped(stored(transition))  # refused now, not by the database at the write
+            if self.notifications:
+                json_dumped(self.notifications, default=str)
+            texts_fit(transition, self.notifications)
         except StateTooLarge as exc:
             raise StepError(str(exc)) from None
+        except Unstorable as exc:
+            raise StepError(f"step {step.name!r} returned a value that cannot be stored: {exc}"
+                            ) from None
         offsets = dict(position.offsets)
         entries = []
         for name, values in transition.append.items():
@@ -243,7 +254,7 @@ class Harness:
              error: str = "", result: Any = None) -> Outcome:
         run = self.run
         kind = event or {"succeeded": "run_succeeded", "failed": "run_failed"}.get(status, status)
-        error = secrets_redact(error)
+        error = json_storable(secrets_redact(error))  # a text column refuses U+0000 too
         with transaction.atomic():
             self.writer.commit_final(
                 position, status=status, result=result, error=error, lease_owner="",
@@ -345,6 +356,25 @@ class Harness:
                          step=fan_out.step, branches=len(fan_out.items), join=fan_out.then)
             self._leave()
         return Outcome.PARKED
+
+
+# The texts a transition or a ctx.notify names that are stored in columns of a bounded length.
+_BOUNDED = {"event kind": EventGate._meta.get_field("kind"),
+            "event key": EventGate._meta.get_field("key"),
+            "notify name": OutboxMessage._meta.get_field("name"),
+            "notify connector": OutboxMessage._meta.get_field("connector")}
+
+
+def texts_fit(transition: Transition, notifications: list[dict]) -> None:
+    """Unstorable unless each bounded text is a string within its column's length."""
+    texts = [("notify name", n["name"]) for n in notifications] + \
+        [("notify connector", n["connector"]) for n in notifications]
+    if isinstance(transition, WaitForEvent):
+        texts += [("event kind", transition.kind), ("event key", transition.key)]
+    for what, text in texts:
+        limit = _BOUNDED[what].max_length
+        if not isinstance(text, str) or len(text) > limit:
+            raise Unstorable(f"the {what} must be text of at most {limit} characters")
 
 
 def step_traceback(exc: BaseException, fn) -> str:

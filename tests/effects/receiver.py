@@ -27,6 +27,7 @@ class Receiver:
         self.hold_notify = False  # keep /notify unanswered until `release` is set
         self.release = threading.Event()
         self.charge_errors: list[int] = []  # answer the next /charge requests with these
+        self.raw_answer: bytes | None = None  # a success's body as is (JSON jsonb refuses)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,6 +69,8 @@ class Receiver:
 
             def _answer(self, status, body):
                 payload = json.dumps(body).encode()
+                if status == 200 and receiver.raw_answer is not None:
+                    payload = receiver.raw_answer
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

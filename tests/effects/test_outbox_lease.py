@@ -49,6 +49,18 @@ def test_slow_receiver_gets_each_message_once_and_runs_are_not_held_up(
         == {1}
 
 
+def test_a_delivery_answered_with_what_jsonb_refuses_is_recorded_once(in_acme, receiver, worker):
+    """NaN and U+0000 parse in Python and not in jsonb: the answer is recorded as it can be
+    (its text, U+FFFD), not left `sending` to be sent again on every claim."""
+    receiver.raw_answer = b'{"v": NaN, "t": "a\\u0000b"}'
+    run = run_start(agent="herald", input={"url": f"{receiver.base}/notify"}).run
+    wait_for(lambda: OutboxMessage.objects.filter(run=run, status="delivered").count() == 3,
+             timeout=30, interval=0.2, what="the three notifications to be delivered")
+    assert [m.result for m in OutboxMessage.objects.filter(run=run)] == \
+        [{"v": "nan", "t": "a\ufffdb"}] * 3
+    assert set(receiver.keys("/notify").values()) == {1}
+
+
 def _held_message(receiver, run):
     """Wait until the receiver holds the run's one notification, mid-call."""
     wait_for(lambda: receiver.count("/notify") == 1, timeout=30, what="the delivery to arrive")

@@ -10,14 +10,13 @@ import httpcore2
 import pytest
 from django_tenants.utils import tenant_context
 
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape, json_storable
 from integrations.connectors import ConnectorError, Lookup, connector_get
 from integrations.connectors import mcp as mcp_connector
 from integrations.connectors import transport as connector_transport
 from integrations.services import CredentialError, credential_set
 from runs.approvals.models import Approval
 from runs.effects.models import Effect
-from runs.effects.services import result_storable
 from runs.models import Run
 from runs.services import run_start
 from tests.support.fakes.mcp_process import McpServerProcess
@@ -220,6 +219,6 @@ def test_an_answer_jsonb_cannot_store_is_kept_storable(mcp, mcp_server, call):
     """The tool ran: its answer must be recordable (jsonb refuses U+0000 and lone surrogates),
     or the ledger's write fails after the call and the run cannot tell whether it acted."""
     answer = mcp.execute(call({"tool": "echo", "arguments": {"text": "a\x00b"}}, {"url": mcp_server.url}))
-    result = result_storable(answer)  # what the ledger records
+    result = json_storable(answer)  # what the ledger records
     assert json_shape(result)[1] is None
     assert "a\ufffdb" in json.dumps(result, ensure_ascii=False)

@@ -6,10 +6,9 @@ import threading
 
 import pytest
 
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape, json_storable
 from integrations.connectors import ConnectorError, connector_get
 from integrations.connectors.model import cost_usd
-from runs.effects.services import result_storable
 from tests.support.fakes import FakeServer
 
 API_KEY = "sk-acme-secret"
@@ -129,7 +128,7 @@ def test_an_answer_jsonb_cannot_store_is_recorded_as_it_can(model, hostile_provi
     hostile_provider.body = {"id": content, "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                              "choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
     result = model.execute(call(ask("x"), {"api_key": API_KEY, "base_url": hostile_provider.url + "/v1"}))
-    recorded = result_storable(result)
+    recorded = json_storable(result)
     assert json_shape(recorded)[1] is None
     assert (recorded["id"], recorded["content"]) == (stored, stored)
 

@@ -13,7 +13,7 @@ from django.db import OperationalError, connection
 from runs import engine
 from runs.dispatch.models import ReadyRun
 from runs.dispatch.services import dispatch_ready, ready_defer
-from runs.effects.models import Effect
+from runs.effects.models import Effect, OutboxMessage
 from runs.effects.services import EffectError, Scope, args_digest, effect_perform
 from runs.models import Branch, Run, RunEvent
 from runs.services import run_requeue
@@ -174,3 +174,46 @@ def test_a_requeued_run_is_not_handed_out_before_its_ready_time(in_acme):
     dispatch_ready()
     assert ReadyRun.objects.get(run_id=run.id).dispatched_at is None
     assert RunEvent.objects.filter(run=run).count() == 1
+
+
+@pytest.mark.parametrize("how", ["nan_state", "nul_state", "nul_key", "surrogate_log",
+                                 "nul_in_tuple", "deep_state", "object_log", "inf_result",
+                                 "nan_notify", "nul_by_str", "long_notify_name",
+                                 "long_event_key", "deep_result", "nan_effect"])
+def test_a_step_returning_what_cannot_be_stored_fails_in_words(in_acme, how):
+    """jsonb and text refuse NaN, U+0000, lone surrogates: the step fails cleanly at once, not
+    by a DataError at the write, which would retry the run until it is parked as poison."""
+    run = finished(start("unstorable", input={"how": how}).id)
+    assert run.status == "failed", (run.status, run.waiting_reason)
+    assert "cannot be stored" in run.error or "at most" in run.error
+    assert run.claims_without_checkpoint == 0
+    assert RunEvent.objects.get(run=run, kind="step_failed").data["step"] == "produce"
+    assert OutboxMessage.objects.filter(run=run).count() == 0
+
+
+def test_storable_values_that_look_like_the_refused_ones_are_kept(in_acme):
+    run = finished(start("unstorable", input={"how": "fine"}).id)
+    assert run.status == "succeeded", run.error
+    assert run.result == {"x": "😀 \\u0000 \\ud800 😀", "notes": ["😀", "\\u0000"]}
+
+
+def test_a_reason_holding_a_nul_is_kept_readable(in_acme):
+    run = finished(start("unstorable", input={"how": "nul_reason"}).id)
+    assert (run.status, run.error) == ("failed", "bad\ufffdreason")
+
+
+def test_an_exception_message_holding_a_nul_is_recorded(in_acme):
+    run = finished(start("unstorable", input={"how": "nul_error"}).id)
+    assert run.status == "failed" and "bad \ufffd byte" in run.error
+    errors = RunEvent.objects.filter(run=run, kind="step_error").order_by("id")
+    assert [e.data["error"] for e in errors] == [run.error] * 2
+
+
+def test_a_branch_returning_what_cannot_be_stored_fails_and_the_join_runs(in_acme):
+    run = start("unstorable", input={"how": "nan_branch"})
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
+    run = finished(run.id)
+    assert run.status == "succeeded"
+    [[ok, error]] = run.result
+    assert not ok and "cannot be stored" in error and "bad_branch" in error

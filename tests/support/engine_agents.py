@@ -11,7 +11,7 @@ from django.db import OperationalError, connection
 from runs.agents import Agent, RetryPolicy
 from runs.engine import branch_claim
 from runs.models import Branch
-from runs.transitions import fan_out, finish, goto
+from runs.transitions import fail, fan_out, finish, goto, wait_for_event
 
 # A step that kills its worker every time it runs (like an OOM kill or a segfault).
 poison = Agent("poison", version=1)
@@ -86,3 +86,61 @@ def work(ctx, state):
     if state.get("v1_breaks"):
         raise RuntimeError("v1 of this step is broken")
     return finish({"version": 1})
+
+
+# A step that returns what PostgreSQL cannot store (jsonb and text refuse NaN, U+0000 and lone
+# surrogates): the step fails in words, never a DataError at the write that retries forever.
+UNSTORABLE = {
+    "nan_state": lambda ctx: goto("after_bad", update={"x": float("nan")}),
+    "nul_state": lambda ctx: goto("after_bad", update={"x": "a\x00b"}),
+    "nul_key": lambda ctx: goto("after_bad", update={"a\x00": 1}),
+    "surrogate_log": lambda ctx: goto("after_bad", append={"notes": ["\ud800"]}),
+    "nul_in_tuple": lambda ctx: goto("after_bad", append={"notes": [("a\x00",)]}),
+    "deep_state": lambda ctx: goto("after_bad", update={"x": _nested(100_000)}),
+    "object_log": lambda ctx: goto("after_bad", append={"notes": [object()]}),
+    "inf_result": lambda ctx: finish(float("inf")),
+    "nan_notify": lambda ctx: (ctx.notify("n", "test_keyed", x=float("nan")), goto("after_bad"))[1],
+    "nul_by_str": lambda ctx: (ctx.notify("n", "test_keyed", error=ValueError("a\x00")),
+                               goto("after_bad"))[1],
+    "long_notify_name": lambda ctx: (ctx.notify("n" * 201, "test_keyed"), goto("after_bad"))[1],
+    "long_event_key": lambda ctx: wait_for_event("reply", "k" * 256, then="after_bad"),
+    "deep_result": lambda ctx: finish(_nested(900)),
+    "nan_effect": lambda ctx: goto("after_bad", update={"x": ctx.effect(
+        "e", "test_keyed", url="http://127.0.0.1:9/never", x=float("nan"))}),
+    "nul_reason": lambda ctx: fail("bad\x00reason"),  # text: kept, U+0000 made U+FFFD
+    "nan_branch": lambda ctx: fan_out("bad_branch", [1], then="join_bad"),
+    # storable: an emoji (written as a surrogate pair) and text that only looks like escapes
+    "fine": lambda ctx: goto("after_bad", update={"x": "😀 \\u0000 \\ud800 \ud83d\ude00"},
+                             append={"notes": ["😀", "\\u0000"]}),
+}
+unstorable = Agent("unstorable", version=1, logs=["notes"],
+                   retry=RetryPolicy(max_attempts=2, initial_backoff=0))
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@unstorable.step(start=True, next=["after_bad", "bad_branch", "join_bad"])
+def produce(ctx, state):
+    if state["how"] == "nul_error":
+        raise ValueError("bad \x00 byte")
+    return UNSTORABLE[state["how"]](ctx)
+
+
+@unstorable.step(next=[])
+def after_bad(ctx, state):
+    return finish({"x": state.get("x"), "notes": list(state.log("notes"))})
+
+
+@unstorable.step(next=[])
+def bad_branch(ctx, state):
+    return finish(float("nan"))
+
+
+@unstorable.step(next=[])
+def join_bad(ctx, state):
+    return finish([[r.ok, r.error] for r in ctx.fan_out])

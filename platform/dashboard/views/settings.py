@@ -23,7 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from agentplatform.addresses import address_refusal
 from agentplatform.errors import ServiceError
-from agentplatform.parsers import json_shape
+from agentplatform.storable import json_shape
 from integrations.connectors import connector_get
 from integrations.connectors.base import BUILTIN
 from integrations.selectors import credential_find, credential_list
