@@ -15,6 +15,7 @@ from django.utils import timezone
 from agentplatform.db import retried_on_conflict
 from agentplatform.errors import ServiceError
 from agentplatform.metrics import run_finished_count, run_started_count
+from agentplatform.rows import rows_insert
 from runs.approvals.models import Approval, EventGate
 from runs.definitions.models import AgentDefinition
 from runs.dispatch.models import Wakeup
@@ -22,7 +23,7 @@ from runs.dispatch.services import dispatch_after_commit, dispatch_ready, ready_
 from runs.usage.quotas import quota_check_start
 
 from .agents import UnknownAgent, registry
-from .events import event_record
+from .events import event_record, event_row
 from .models import Branch, Checkpoint, LogEntry, Run
 from .parked import inbox
 from .state import StateTooLarge, state_merge
@@ -113,19 +114,20 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
         with transaction.atomic():
             if parent_id is None:  # in the transaction that counts the run: see the lock there
                 quota_check_start(now=now)
-            run = Run.objects.create(
+            run = Run(
                 agent=definition.name, agent_version=definition.version,
                 topology_hash=definition.topology_hash, durability=durability, input=input,
                 idempotency_key=idempotency_key or None, parent_id=parent_id,
                 **{k: v for k, v in limits.items() if v is not None},
             )
-            Checkpoint.objects.create(
-                run=run, visit=0, step=definition.start, state=state, log_offsets={},
-                agent_version=run.agent_version, topology_hash=run.topology_hash,
+            rows_insert(  # one statement: the run, its first checkpoint, its first event
+                run,
+                Checkpoint(run=run, visit=0, step=definition.start, state=state, log_offsets={},
+                           agent_version=run.agent_version, topology_hash=run.topology_hash),
+                event_row(run_id=run.id, kind="run_created", visit=0, agent=run.agent,
+                          version=run.agent_version, durability=durability,
+                          **({"by": by} if by else {})),
             )
-            event_record(run_id=run.id, kind="run_created", visit=0, agent=run.agent,
-                         version=run.agent_version, durability=durability,
-                         **({"by": by} if by else {}))
             run_started_count()
             if enqueue:
                 run_enqueue(run.id, now=commits_here)  # last: it may hold the dispatcher's lock

@@ -5,11 +5,13 @@ import uuid
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from runs.agents import registry
 from runs.approvals.models import Approval, EventGate
 from runs.effects.models import Effect
-from runs.models import Branch, Run
+from runs.models import Branch, Run, RunEvent
 from runs.retention.models import Archive
 from runs.services import run_cancel, run_start
 
@@ -111,3 +113,23 @@ def test_effect_and_archive_statuses_are_the_declared_ones(in_acme):
     archive = Archive.objects.create(run_id=uuid.uuid4(), status="failed")
     assert refused(f"UPDATE {Archive._meta.db_table} SET status = 'lost' WHERE id = %s",
                    [archive.id]) == "archive_status_valid"
+
+
+def test_a_run_starts_with_its_checkpoint_and_event_in_one_statement(in_acme):
+    """`run_start` writes its three rows as one statement (agentplatform.rows): what they hold
+    is what the ORM would have written, and the run it returns saves as an UPDATE."""
+    with CaptureQueriesContext(connection) as queries:
+        run = run_start(agent="chatter", input={"steps": 1}, enqueue=False, by="tester").run
+    inserts = [q["sql"] for q in queries.captured_queries if "INSERT INTO" in q["sql"]]
+    assert len(inserts) == 1 and all(
+        table in inserts[0] for table in ('"runs_run"', '"runs_checkpoint"', '"runs_runevent"'))
+    stored = Run.objects.get(id=run.id)
+    assert (stored.status, stored.agent, stored.input, stored.created_at) == \
+        ("queued", "chatter", {"steps": 1}, run.created_at)
+    assert [(c.visit, c.step, c.state) for c in stored.checkpoints.all()] == \
+        [(0, registry.get("chatter", None).start, {"steps": 1})]
+    [event] = RunEvent.objects.filter(run=run)
+    assert (event.kind, event.visit, event.data["by"]) == ("run_created", 0, "tester")
+    run.waiting_reason = "saved again"
+    run.save()  # an UPDATE: an INSERT would break the primary key
+    assert Run.objects.get(id=run.id).waiting_reason == "saved again"
