@@ -132,8 +132,11 @@ def run_start(*, agent: str, version: int | None = None, input: dict[str, Any] |
             if enqueue:
                 run_enqueue(run.id, now=commits_here)  # last: it may hold the dispatcher's lock
     except IntegrityError:
-        # Two requests raced on one idempotency key: the first one's run is the answer.
-        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        # Two requests raced on one idempotency key: the first one's run is the answer. (With
+        # no key it is another rule, say a parent that is gone: `idempotency_key=None` would
+        # match any run without a key.)
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first() \
+            if idempotency_key else None
         if existing is None:
             raise
         return Started(_same_request(existing, agent, version, input, durability),
@@ -262,7 +265,8 @@ def run_fork(*, run_id: UUID, visit: int, durability: str | None = None,
         return _fork(run_id=run_id, visit=visit, durability=durability, enqueue=enqueue, by=by,
                      idempotency_key=idempotency_key or None)
     except IntegrityError:  # two requests raced on one key: the first one's fork is the answer
-        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first() \
+            if idempotency_key else None
         if existing is None:
             raise
         return _same_fork(existing, run_id, visit)

@@ -10,9 +10,11 @@ from django.db.models.sql import InsertQuery
 
 
 def rows_insert(*rows: Model) -> None:
-    """INSERT `rows`, in order, in one statement. A key the database draws (an AutoField left
-    None) is not read back: give a row its key in Python if the caller needs it. Afterwards
-    each row is saved as far as Django knows (a later `save()` is an UPDATE)."""
+    """INSERT `rows`, in order, in one statement, on the default database. A key the database
+    draws (an AutoField left None) is not read back: such a row stays unsaved as far as Django
+    knows (do not save it again: that would be a second row); a row with its key set in Python
+    is saved (a later `save()` is an UPDATE). A value the database computes (a `db_default`
+    without a Python default) is not read back either."""
     parts, params = [], []
     for number, row in enumerate(rows):
         meta = row._meta
@@ -26,4 +28,5 @@ def rows_insert(*rows: Model) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params)
     for row in rows:
-        row._state.adding, row._state.db = False, connection.alias
+        if row.pk is not None:
+            row._state.adding, row._state.db = False, connection.alias

@@ -133,3 +133,12 @@ def test_a_run_starts_with_its_checkpoint_and_event_in_one_statement(in_acme):
     run.waiting_reason = "saved again"
     run.save()  # an UPDATE: an INSERT would break the primary key
     assert Run.objects.get(id=run.id).waiting_reason == "saved again"
+
+
+def test_a_run_whose_parent_is_gone_is_refused_not_answered_with_another_run(in_acme):
+    """Its foreign key fails at commit; with no idempotency key that is no race to resolve by
+    looking up a run without a key (which would answer with an unrelated run)."""
+    run_start(agent="chatter", input={"steps": 1}, enqueue=False)  # a run without a key
+    with pytest.raises(IntegrityError):
+        run_start(agent="chatter", input={"steps": 1}, enqueue=False, parent_id=uuid.uuid4())
+    assert Run.objects.filter(parent_id__isnull=False).count() == 0
