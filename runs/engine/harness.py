@@ -22,7 +22,7 @@ from runs.dispatch.services import ready_clear, ready_mark, ready_requeue
 from ..agents import Agent, Step
 from ..approvals.models import EventGate
 from ..effects.models import OutboxMessage
-from ..events import event_record
+from ..events import event_record, event_row
 from ..models import Branch, Checkpoint, Run
 from ..state import LogView, State, StateTooLarge, state_merge_dumped
 from ..transitions import (
@@ -259,9 +259,9 @@ class Harness:
             self.writer.commit_final(
                 position, status=status, result=result, error=error, lease_owner="",
                 lease_expires_at=None, finished_at=timezone.now(),
+                event=event_row(run_id=run.id, kind=kind, visit=position.visit, error=error,
+                                result=result, steps_taken=run.steps_taken),
             )
-            event_record(run_id=run.id, kind=kind, visit=position.visit, error=error,
-                         result=result, steps_taken=run.steps_taken)
             run_finished_count(status=status)
             ready_clear(run_id=run.id)
             if run.parent_id:  # a child run reports to the parent waiting on it

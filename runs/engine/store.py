@@ -18,6 +18,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import JSONField
+from django.utils import timezone
 
 from agentplatform.metrics import lease_takeovers
 from agentplatform.prepared import prepared_row
@@ -26,7 +27,7 @@ from runs.dispatch.services import due_mark_sql
 from runs.effects.models import OutboxMessage
 
 from ..leases import fenced_write_refused
-from ..models import Branch, Checkpoint, LogEntry, Run
+from ..models import Branch, Checkpoint, LogEntry, Run, RunEvent
 from .outcome import LeaseLost
 from .ports import ports
 
@@ -111,7 +112,8 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
     return ", ".join(sql), params
 
 
-def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str:
+def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool,
+                    event: bool = False) -> str:
     """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
     checkpoint, and the log entries and outbox messages if there are any, each list one JSON
     parameter (psycopg dumps one string in C where it dumped four arrays in Python). A JSON
@@ -143,6 +145,11 @@ def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool) -> str
                    AS o(name text, connector text, args jsonb, key text)
             ON CONFLICT (idempotency_key) DO NOTHING
         )""")
+    if event:  # the run's last event (its end), with its last checkpoint
+        sql.append(f""", event AS (
+            INSERT INTO "{schema}".{RunEvent._meta.db_table} (run_id, kind, visit, data, created_at)
+            SELECT fence.id, %s, %s, %s::jsonb, %s FROM fence
+        )""")
     sql.append(" SELECT cancel_requested FROM fence")
     return "".join(sql)
 
@@ -156,9 +163,10 @@ def _checkpoint_fenced_sql(schema: str, entries: bool, outbox: bool) -> str:
 
 
 def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: bool = True,
-                      **run_fields) -> bool:
-    """Write a checkpoint, its new log entries and, if `touch_run` (or `run_fields`), the run's
-    counters and lease in one statement, fenced on the lease epoch: if the epoch moved on,
+                      event: RunEvent | None = None, **run_fields) -> bool:
+    """Write a checkpoint, its new log entries, `event` (a run's end, from `event_row`) and,
+    if `touch_run` (or `run_fields`), the run's counters and lease in one statement, fenced on
+    the lease epoch: if the epoch moved on,
     nothing is written and LeaseLost is raised. Untouched, the run row is only read FOR SHARE:
     a takeover's claim (an UPDATE of the row) waits for this commit, so the fence holds, and
     the step writes no new version of the run row. Returns whether a cancel was requested."""
@@ -169,9 +177,11 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         sql = _checkpoint_sql(schema, f"""UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
                                             WHERE id = %s AND lease_epoch = %s
                                         RETURNING id, cancel_requested""",
-                              bool(entries), bool(outbox))
+                              bool(entries), bool(outbox), event is not None)
     else:
         params, sql = [], _checkpoint_fenced_sql(schema, bool(entries), bool(outbox))
+        if event is not None:
+            raise ValueError("an event is written with the run's fields (its end)")
     params += [
         run.id, epoch,
         position.visit, position.step,
@@ -185,6 +195,9 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         params.append(json.dumps([{"name": n["name"], "connector": n["connector"],
                                    "args": n["args"], "key": n["key"]} for n in outbox],
                                  default=str))
+    if event is not None:  # stamped on the worker's clock, as every event `event_record` writes
+        params += [event.kind, event.visit, json.dumps(event.data), timezone.now()]
+    if outbox:
         # The messages and the tenant's mark in the due-index commit together; inside a
         # caller's transaction no savepoint is needed (a failure there fails it whole).
         with transaction.atomic(savepoint=False):

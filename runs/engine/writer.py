@@ -13,7 +13,7 @@ from opentelemetry import context as trace_context
 
 from agentplatform.metrics import checkpoint_write_duration
 
-from ..models import Checkpoint, Run
+from ..models import Checkpoint, Run, RunEvent
 from .outcome import CheckpointWriteFailed, LeaseLost, StepError
 from .store import checkpoint_commit, checkpoint_latest, run_fence
 
@@ -119,8 +119,10 @@ class CheckpointWriter:
         held = self._held.pending_entries if self._held is not None else []
         return [entry["value"] for entry in held if entry["log"] == log_name]
 
-    def commit_final(self, position: Position, **run_fields) -> None:
-        """Write the checkpoint the run leaves this worker with, together with its run fields."""
+    def commit_final(self, position: Position, *, event: RunEvent | None = None,
+                     **run_fields) -> None:
+        """Write the checkpoint the run leaves this worker with, together with its run fields
+        and `event` (its end's, unsaved: `event_row`), in one statement where it can."""
         self._wait()
         if self._held is not None and self._held is not position:
             position.pending_entries[:0] = self._held.pending_entries
@@ -128,8 +130,10 @@ class CheckpointWriter:
         if position.handed_over and self._held is None:  # already committed: fields only
             self.cancel_requested |= run_fence(run=self.run, epoch=self.epoch,
                                                visit=position.visit, **run_fields)
+            if event is not None:
+                event.save(force_insert=True)
         else:
-            self._commit(position, **run_fields)
+            self._commit(position, event=event, **run_fields)
             position.handed_over = True  # a second commit_final (cancel at park) is fields only
         self._held = None
 
@@ -167,13 +171,14 @@ class CheckpointWriter:
         finally:
             trace_context.detach(token)
 
-    def _commit(self, position: Position, **run_fields) -> None:
+    def _commit(self, position: Position, event: RunEvent | None = None, **run_fields) -> None:
         started = time.perf_counter()
         # The run row (counters, lease, "progress made") is written with the first checkpoint
         # and then at most every RUN_COUNTERS_SECONDS; the others only lock it to fence.
         touch = started >= self._touch_due
         self.cancel_requested |= checkpoint_commit(
-            run=self.run, epoch=self.epoch, position=position, touch_run=touch, **run_fields
+            run=self.run, epoch=self.epoch, position=position, touch_run=touch, event=event,
+            **run_fields
         )
         if touch:
             self._touch_due = started + settings.RUN_COUNTERS_SECONDS

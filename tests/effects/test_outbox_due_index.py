@@ -54,6 +54,28 @@ def test_a_step_that_notifies_marks_its_tenant_due_in_its_checkpoint(in_acme, no
         OutboxMessage.objects.filter(run=run).delete()
 
 
+def test_a_step_that_notifies_marks_its_tenant_due_though_the_run_does_not_end_there(
+        in_acme, no_beat):
+    """The step's checkpoint marks the tenant, not the run's end: here the run stops at its
+    step limit right after the notifying step, its end a statement of fields only."""
+    TenantDue.objects.filter(schema_name="acme").update(due_at=None)
+    run = run_start(agent="herald", enqueue=False, max_steps=1,
+                    input={"url": "http://x.test/n", "notes": 3}).run
+    try:
+        assert finished(run.id).status == "failed"  # max_steps reached after the first note
+        assert OutboxMessage.objects.filter(run=run).count() == 1
+        assert due_at(in_acme) is not None and due_at(in_acme) <= timezone.now()
+    finally:
+        OutboxMessage.objects.filter(run=run).delete()
+
+
+def test_a_run_that_notifies_nothing_marks_nothing_due(in_acme, no_beat):
+    TenantDue.objects.filter(schema_name="acme").update(due_at=None)
+    run = run_start(agent="chatter", enqueue=False, input={"steps": 2}).run
+    assert finished(run.id).status == "succeeded"
+    assert due_at(in_acme) is None
+
+
 def test_the_sweep_visits_only_the_tenants_the_due_index_names(acme, globex, no_beat):
     tomorrow = timezone.now() + timedelta(days=1)
     with tenant_context(globex):
