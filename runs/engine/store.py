@@ -115,7 +115,7 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
 def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool,
                     event: bool = False) -> str:
     """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
-    checkpoint, and the log entries and outbox messages if there are any, each list one JSON
+    checkpoint, and the log entries, outbox messages and end event if there are any, each list one JSON
     parameter (psycopg dumps one string in C where it dumped four arrays in Python). A JSON
     null comes out of `jsonb_to_recordset` as SQL NULL: coalesced back to a JSON null."""
     sql = [f"""
@@ -166,10 +166,12 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
                       event: RunEvent | None = None, **run_fields) -> bool:
     """Write a checkpoint, its new log entries, `event` (a run's end, from `event_row`) and,
     if `touch_run` (or `run_fields`), the run's counters and lease in one statement, fenced on
-    the lease epoch: if the epoch moved on,
-    nothing is written and LeaseLost is raised. Untouched, the run row is only read FOR SHARE:
-    a takeover's claim (an UPDATE of the row) waits for this commit, so the fence holds, and
-    the step writes no new version of the run row. Returns whether a cancel was requested."""
+    the lease epoch: if the epoch moved on, nothing is written and LeaseLost is raised.
+    Untouched, the run row is only read FOR SHARE: a takeover's claim (an UPDATE of the row)
+    waits for this commit, so the fence holds, and the step writes no new version of the run
+    row. Returns whether a cancel was requested."""
+    if event is not None and not (touch_run or run_fields):
+        raise ValueError("an event is written with the run's fields (its end)")
     entries, outbox = position.pending_entries, position.pending_outbox
     schema = connection.schema_name
     if touch_run or run_fields:
@@ -180,8 +182,6 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
                               bool(entries), bool(outbox), event is not None)
     else:
         params, sql = [], _checkpoint_fenced_sql(schema, bool(entries), bool(outbox))
-        if event is not None:
-            raise ValueError("an event is written with the run's fields (its end)")
     params += [
         run.id, epoch,
         position.visit, position.step,
