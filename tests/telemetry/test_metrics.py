@@ -150,7 +150,7 @@ def test_metric_labels_are_bounded_and_carry_no_tenant_data(platform, finished_r
     assert "acme" not in text and "globex" not in text and finished_run not in text
     assert TOKEN not in text and os.environ["TEST_ACME_KEY"] not in text
     allowed = {"status", "ended", "durability", "connector", "outcome", "of", "state", "source",
-               "result", "reason", "le", "otel_scope_name", "otel_scope_version",
+               "result", "reason", "write", "le", "otel_scope_name", "otel_scope_version",
                "otel_scope_schema_url", "otel_scope_attributes", "job", "instance"}
     for series in samples(text):
         labels = set(re.findall(r'(\w+)="', series.partition("{")[2]))
