@@ -102,13 +102,18 @@ def test_sweep_leaves_a_tenant_due_while_it_has_a_due_message_and_moves_it_to_th
             run=run, name="due-now", connector="test_plain", args={},
             idempotency_key=f"due-{run.id.hex[:20]}", next_attempt_at=timezone.now())
     connection.set_schema_to_public()
+    later = timezone.now() + timedelta(hours=1)
     try:
         with transaction.atomic():  # rolled back: the deliverer it rings is never sent
             with tenant_context(acme):
+                # acme's other messages (earlier tests' retries) due after this one's claim
+                OutboxMessage.objects.exclude(id=due.id).filter(
+                    status__in=["pending", "sending"]).update(
+                    next_attempt_at=later + timedelta(hours=1),
+                    claimed_until=later + timedelta(hours=1))
                 due_mark(what=OUTBOX)
             outbox_sweep()
             assert due_at(acme) <= timezone.now()  # rung; rung again next sweep if still due
-            later = timezone.now() + timedelta(hours=1)
             with tenant_context(acme):
                 OutboxMessage.objects.filter(id=due.id).update(
                     status="sending", claimed_by="w:1", claimed_until=later)
