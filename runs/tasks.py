@@ -1,6 +1,7 @@
 """Celery tasks: load ids, call the engine. The tenant comes from the task's schema header."""
 
 import logging
+import time
 from uuid import UUID
 
 from celery import shared_task
@@ -8,7 +9,9 @@ from celery.signals import worker_process_init
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from agentplatform.doorbell import Ring, doorbell_ring_all, doorbell_waiting
 from agentplatform.drain import DrainableSlice, draining
+from agentplatform.telemetry import trace_attached
 from runs.dispatch.services import dispatch_ready
 from tenants.selection import tenant_schema
 
@@ -26,13 +29,51 @@ def heartbeat_start(**_) -> None:
     leases.start()
 
 
-@shared_task(name="runs.advance")
-def advance(run_id: str) -> str:
+@shared_task(name="runs.advance", bind=True)
+def advance(task, run_id: str) -> str:
     """Run a slice of the run; then hand the freed slot to whoever is next in fair order, in
     the transaction in which the run leaves (ends, parks, goes back in line), or after it if
     that could not be done there. A draining worker (SIGTERM) ends the slice after the step
-    in progress."""
+    in progress.
+
+    The slot goes on in this task (docs/decisions/0026): if the pick that refills it picks a
+    run, this worker runs that one next itself, in its tenant, with no message through the
+    broker, as long as no message waits there for a worker (those were handed out first),
+    and until RUN_SLICE_SECONDS have passed (each run then has its own slice) or the worker
+    drains; then the pick is rung like any other. A pick this task could not run is rung."""
     tenant_schema()
+    chain_ends = time.monotonic() + settings.RUN_SLICE_SECONDS
+    kept: list[Ring] = []
+    try:
+        outcome = _advance_one(run_id, kept)
+        while kept and _chain_goes_on(chain_ends):
+            ring = kept.pop()
+            try:
+                connection.set_tenant(task.get_tenant_for_schema(ring.schema))
+                with trace_attached(ring.traceparent):
+                    _advance_one(ring.args[0], kept)
+            except Exception:  # rung below: if it was claimed, its message finds it taken
+                log.exception("run %s (taken after run %s) failed in the worker", ring.args[0],
+                              run_id)
+                kept.append(ring)
+                break
+    finally:
+        doorbell_ring_all(kept, robust=True)  # outside a transaction: sent now
+    return outcome.value
+
+
+def _chain_goes_on(chain_ends: float) -> bool:
+    """Whether this task runs the pick it kept itself rather than ring it."""
+    if draining.is_set() or time.monotonic() >= chain_ends:
+        return False
+    return not doorbell_waiting("runs.advance")  # None (broker away): it needs no broker
+
+
+def _advance_one(run_id: str, kept: list[Ring]) -> engine.Outcome:
+    """`engine.advance` of the run in the connection's tenant, then its slot handed out; the
+    pick kept for this worker, if any, is appended to `kept` once its transaction commits. A
+    run this worker did not run (another holds it, its code is not deployed here, the lease
+    was lost) keeps nothing: its slot goes through the broker, to a worker that may."""
     handed_out = []
 
     def slot_hand_out() -> None:
@@ -41,7 +82,7 @@ def advance(run_id: str) -> str:
         # deadlock, see docs/decisions/0025) leaves the end whole, and the slot is handed out
         # after it; an error that broke the transaction itself (the connection) is raised.
         try:
-            handed_out.append(dispatch_ready(robust=True, wait=True) is not None)
+            handed_out.append(dispatch_ready(robust=True, wait=True, keep=kept) is not None)
         except DatabaseError:
             if connection.needs_rollback:
                 raise
@@ -53,8 +94,9 @@ def advance(run_id: str) -> str:
     if draining.is_set():
         log.info("draining: run %s given back after its current step (%s)", run_id, outcome.value)
     if outcome != engine.Outcome.NOT_CLAIMED and not any(handed_out):
-        dispatch_ready()
-    return outcome.value
+        ran = outcome not in (engine.Outcome.DEFERRED, engine.Outcome.LEASE_LOST)
+        dispatch_ready(robust=True, keep=kept if ran else None)
+    return outcome
 
 
 @shared_task(name="runs.advance_branch")

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
-from kombu.exceptions import OperationalError
+from kombu.exceptions import ChannelError, OperationalError
 
-from agentplatform.celery import app
+from agentplatform.celery import app, task_route
 from agentplatform.telemetry import trace_attached, trace_parent
 
 log = logging.getLogger(__name__)
@@ -89,3 +90,19 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
 
     if rings:
         transaction.on_commit(send)
+
+
+def doorbell_waiting(task_name: str) -> int | None:
+    """How many messages wait in the broker in the queue `task_name` is sent to, taken by no
+    worker yet; None if the broker cannot be asked (away: one try, no retry)."""
+    queue = (task_route(task_name, None, None, {}) or {}).get(
+        "queue", settings.CELERY_TASK_DEFAULT_QUEUE)
+    with app.pool.acquire(block=True) as broker:
+        try:
+            broker.ensure_connection(max_retries=0)
+            return broker.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except ChannelError:  # Redis keeps no empty list: no such queue is an empty one
+            return 0
+        except (*BROKER_AWAY, *broker.connection_errors):
+            broker.collect()  # a connection that broke is not handed to the next caller
+            return None

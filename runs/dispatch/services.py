@@ -21,7 +21,7 @@ from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from agentplatform.doorbell import doorbell_ring_all, ring_of
+from agentplatform.doorbell import Ring, doorbell_ring_all, ring_of
 from agentplatform.telemetry import trace_parent
 from tenants.models import Tenant
 
@@ -91,10 +91,16 @@ def ready_clear(*, run_id: UUID, branch: int | None = None) -> None:
                            [run_id, branch])
 
 
-def dispatch_ready(*, budget: int | None = None, wait: bool = False,
-                   robust: bool = False) -> int | None:
+def dispatch_ready(*, budget: int | None = None, wait: bool = False, robust: bool = False,
+                   keep: list[Ring] | None = None) -> int | None:
     """Pick the next ready runs in fair order and ring their doorbells (on commit). Returns
     how many, or None if another dispatcher holds the lock.
+
+    `keep`: the caller runs one picked run itself (a worker whose slot this pick refills):
+    the first picked run in fair order (not a branch) is not rung but appended to `keep` on
+    commit, as the ring it would have been; the caller runs it or rings it
+    (`doorbell_ring_all`). Its ready row is dispatched like the others, so a caller that dies
+    before running it leaves it to the watchdog, as a lost message would.
 
     Inside a caller's transaction it sees what that transaction put in line, and holds the
     dispatcher's lock until it commits. `wait`: wait up to DISPATCH_LOCK_WAIT_SECONDS for
@@ -104,7 +110,7 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False,
     puts its row back in line for the next tick, not the watchdog, and raises nothing."""
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     try:
-        return _dispatch(budget=budget, wait=wait, robust=robust)
+        return _dispatch(budget=budget, wait=wait, robust=robust, keep=keep)
     except OperationalError as exc:
         if wait and isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
             return None  # a long pick holds it: the next tick hands these out
@@ -128,7 +134,7 @@ def _dispatch_waiting() -> None:
     dispatch_ready(wait=True, robust=True)
 
 
-def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
+def _dispatch(*, budget: int, wait: bool, robust: bool, keep: list[Ring] | None) -> int | None:
     with transaction.atomic(), connection.cursor() as cursor:
         if wait:  # the lock wait bounded, then the caller's lock_timeout again: a caller's
             # transaction that goes on to commit (run_start, a run's end) keeps its own. One
@@ -158,25 +164,36 @@ def _dispatch(*, budget: int, wait: bool, robust: bool) -> int | None:
                   LEFT JOIN inflight i ON i.tenant_id = r.tenant_id
                  WHERE r.dispatched_at IS NULL AND r.ready_at <= now()
             ), picked AS (
-                SELECT id FROM ranked WHERE place <= cap ORDER BY place, ready_at
+                SELECT id, place, ready_at FROM ranked WHERE place <= cap ORDER BY place, ready_at
                  LIMIT greatest(%s - (SELECT count(*) FROM {READY}
                                        WHERE dispatched_at IS NOT NULL), 0)
+            ), dispatched AS (
+                UPDATE {READY} r SET dispatched_at = clock_timestamp() FROM picked
+                 WHERE r.id = picked.id
+             RETURNING r.schema_name, r.run_id, r.branch, r.traceparent, r.id, r.dispatched_at,
+                       picked.place, picked.ready_at
             )
-            UPDATE {READY} r SET dispatched_at = clock_timestamp() FROM picked WHERE r.id = picked.id
-            RETURNING r.schema_name, r.run_id, r.branch, r.traceparent, r.id, r.dispatched_at
+            SELECT schema_name, run_id, branch, traceparent, id, dispatched_at FROM dispatched
+             ORDER BY place, ready_at
             """,
             [settings.RUN_TENANT_MAX_IN_FLIGHT, budget],
         )
         picked = cursor.fetchall()
         # each rings once the pick commits, in the trace of whoever made it runnable
-        doorbell_ring_all([
+        rings = [
             ring_of("runs.advance" if branch < 0 else "runs.advance_branch",
                     [str(run_id)] if branch < 0 else [str(run_id), branch], schema=schema,
                     traceparent=traceparent,
                     unrung=partial(_ready_undispatch, row_id=row_id, dispatched_at=dispatched_at)
                     if robust else None)
             for schema, run_id, branch, traceparent, row_id, dispatched_at in picked
-        ], robust=robust)
+        ]
+        kept = next((ring for ring in rings if ring.task_name == "runs.advance"), None)  # first
+        # in fair order: kept, it runs at once; rung, it may wait behind others in the broker
+        if keep is not None and kept is not None:
+            rings.remove(kept)
+            transaction.on_commit(partial(keep.append, kept))
+        doorbell_ring_all(rings, robust=robust)
     return len(picked)
 
 
