@@ -1,13 +1,14 @@
 """`python -m bench throughput`: many tenants' runs at once, through the REST API, the broker and
 real workers; DBOS's queue, same shape, as the peer.
 
-Ours: real Celery workers (`--workers` processes × `--concurrency` slots) and beat
-(`BenchPlatform`), and gunicorn with the production settings (deploy/production) for the API,
-on a database, Redis db and queue of the bench's own (by BENCH_SLOT, else TEST_SLOT).
-`--tenants` tenants are made, each with its API key; then one process per tenant POSTs
-`--runs` runs of the agent `bench_throughput` (`--steps` steps each, every step a checkpoint in
-`sync` durability) to /api/v1/runs, all tenants at once, each over one kept-alive connection
-(as an API client's session does; DBOSClient keeps its database connection likewise).
+Ours: real Celery workers (`--workers` processes × `--concurrency` slots, and as many runs
+handed out at once: DISPATCH_MAX_IN_FLIGHT, `--in-flight`) and beat (`BenchPlatform`), and
+gunicorn with the production settings (deploy/production) for the API, on a database, Redis db
+and queue of the bench's own (by BENCH_SLOT, else TEST_SLOT). `--tenants` tenants are made,
+each with its API key; then one process per tenant POSTs `--runs` runs of the agent
+`bench_throughput` (`--steps` steps each, every step a checkpoint in `sync` durability) to
+/api/v1/runs, all tenants at once, each over one kept-alive connection (as an API client's
+session does; DBOSClient keeps its database connection likewise).
 
 DBOS (`bench.throughput_dbos`): the same number of worker processes, each launching DBOS with
 one queue whose worker concurrency is our slots per process and whose global concurrency is
@@ -300,7 +301,8 @@ def ours_run(args, out) -> Measured:
     from tenants.services import tenant_create
 
     slot = int(os.environ.get("BENCH_SLOT", "0"))
-    env = {"AGENT_MODULES": "agents,bench.throughput"}
+    env = {"AGENT_MODULES": "agents,bench.throughput",
+           "DISPATCH_MAX_IN_FLIGHT": str(args.in_flight or args.workers * args.concurrency)}
     os.environ.update(env)
     platform = BenchPlatform(env=env, workers=args.workers, concurrency=args.concurrency)
     platform.env["CELERY_QUEUE"] = os.environ.get("BENCH_QUEUE",
@@ -454,6 +456,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (DBOS: too)")
     parser.add_argument("--concurrency", type=int, default=2,
                         help="slots per worker process (DBOS: the queue's worker concurrency)")
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="DISPATCH_MAX_IN_FLIGHT of ours (default: all worker slots, as "
+                             "docs/operators.md says to set it)")
     parser.add_argument("--systems", default="ours,dbos")
     parser.add_argument("--settle", type=float, default=11.0,
                         help="seconds idle before measuring, so idle backends report their "
