@@ -5,6 +5,7 @@ import inspect
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -205,6 +206,9 @@ class Harness:
                 f"step {step.name!r} went to {sorted(undeclared)}, which it does not declare "
                 f"in next={sorted(step.next)}"
             )
+        misshapen = shape_wrong(transition)
+        if misshapen:
+            raise StepError(f"step {step.name!r} returned {misshapen}")
         try:
             state, state_json = state_merge_dumped(position.state, transition.update)
             json_dumped(stored(transition))  # refused now, not by the database at the write
@@ -363,6 +367,44 @@ _BOUNDED = {"event kind": EventGate._meta.get_field("kind"),
             "event key": EventGate._meta.get_field("key"),
             "notify name": OutboxMessage._meta.get_field("name"),
             "notify connector": OutboxMessage._meta.get_field("connector")}
+
+
+WAIT_MAX = timedelta(days=3650)  # a timeout, a sleep: what a wakeup row and its sum can hold
+
+
+def shape_wrong(transition: Transition) -> str:
+    """What is wrong with the types of a transition's fields (its helpers do not check them:
+    a step may build one from a model's output), in words; "" if nothing. Refused at the step
+    boundary, the run failing, instead of an engine error where it is recorded."""
+    if type(transition) is Goto:  # most steps: nothing typed to check
+        return ""
+    match transition:
+        case Fail(reason=reason) if not isinstance(reason, str):
+            return f"fail() with a {type(reason).__name__} as its reason: it takes text"
+        case WaitForApproval(request=request) if not isinstance(request, dict):
+            return f"wait_for_approval() with a {type(request).__name__}: it takes a dict"
+        case WaitForApproval(request=request) if not isinstance(request.get("deciders", []),
+                                                                list):
+            return "wait_for_approval() whose deciders are not a list"
+        case RunChild(input=payload) if not isinstance(payload, dict):
+            return f"run_child() with a {type(payload).__name__} as its input: it takes a dict"
+        case RunChild(version=version) if version is not None and type(version) is not int:
+            return "run_child() whose version is not a whole number"
+        case FanOut(items=items) if not isinstance(items, list):
+            return "fan_out() whose items are not a list"
+        case Sleep(until=until) if until is not None and (
+                not isinstance(until, datetime) or until.tzinfo is None
+                or until > timezone.now() + WAIT_MAX):
+            return (f"sleep(until=...) that is not an aware datetime within "
+                    f"{WAIT_MAX.days} days")
+        case WaitForEvent(since=since) if since is not None and (
+                not isinstance(since, datetime) or since.tzinfo is None):
+            return "wait_for_event(since=...) that is not an aware datetime"
+    for name in ("timeout", "duration"):
+        span = getattr(transition, name, None)
+        if span is not None and not (isinstance(span, timedelta) and span <= WAIT_MAX):
+            return f"a {name} that is not a timedelta of at most {WAIT_MAX.days} days"
+    return ""
 
 
 def texts_fit(transition: Transition, notifications: list[dict]) -> None:

@@ -191,6 +191,17 @@ def test_a_step_returning_what_cannot_be_stored_fails_in_words(in_acme, how):
     assert OutboxMessage.objects.filter(run=run).count() == 0
 
 
+@pytest.mark.parametrize("how", ["fail_number", "approval_list", "deciders_text", "huge_timeout",
+                                 "timeout_number", "naive_sleep", "far_sleep", "child_list"])
+def test_a_transition_with_a_field_of_the_wrong_type_fails_the_run_in_words(in_acme, how):
+    """Not an engine error that parks the run for an operator: the step's own mistake."""
+    run = finished(start("unstorable", input={"how": how}).id)
+    assert run.status == "failed", (run.status, run.waiting_reason)
+    assert run.error.startswith("step 'produce' returned "), run.error
+    assert RunEvent.objects.get(run=run, kind="step_failed").data["step"] == "produce"
+    assert not RunEvent.objects.filter(run=run, kind="engine_error").exists()
+
+
 def test_storable_values_that_look_like_the_refused_ones_are_kept(in_acme):
     run = finished(start("unstorable", input={"how": "fine"}).id)
     assert run.status == "succeeded", run.error

@@ -5,13 +5,23 @@ Workers load this module (AGENT_MODULES); `rollout` v2 lives in tests/rollout_v2
 which only some workers load."""
 
 import os
+from datetime import UTC, datetime, timedelta
 
 from django.db import OperationalError, connection
 
 from runs.agents import Agent, RetryPolicy
 from runs.engine import branch_claim
 from runs.models import Branch
-from runs.transitions import fail, fan_out, finish, goto, wait_for_event
+from runs.transitions import (
+    fail,
+    fan_out,
+    finish,
+    goto,
+    run_child,
+    sleep,
+    wait_for_approval,
+    wait_for_event,
+)
 
 # A step that kills its worker every time it runs (like an OOM kill or a segfault).
 poison = Agent("poison", version=1)
@@ -109,6 +119,16 @@ UNSTORABLE = {
         "e", "test_keyed", url="http://127.0.0.1:9/never", x=float("nan"))}),
     "nul_reason": lambda ctx: fail("bad\x00reason"),  # text: kept, U+0000 made U+FFFD
     "nan_branch": lambda ctx: fan_out("bad_branch", [1], then="join_bad"),
+    # misshapen: a field of the wrong type (a step may build them from a model's output)
+    "fail_number": lambda ctx: fail(42),
+    "approval_list": lambda ctx: wait_for_approval(["ship it?"], then="after_bad"),
+    "deciders_text": lambda ctx: wait_for_approval({"deciders": "ann"}, then="after_bad"),
+    "huge_timeout": lambda ctx: wait_for_event("reply", "k", then="after_bad",
+                                               timeout=timedelta(days=10**6)),
+    "timeout_number": lambda ctx: wait_for_approval({}, then="after_bad", timeout=60),
+    "naive_sleep": lambda ctx: sleep(then="after_bad", until=datetime(2030, 1, 1)),
+    "far_sleep": lambda ctx: sleep(then="after_bad", until=datetime(9999, 1, 1, tzinfo=UTC)),
+    "child_list": lambda ctx: run_child("chatter", ["x"], then="after_bad"),
     # storable: an emoji (written as a surrogate pair) and text that only looks like escapes
     "fine": lambda ctx: goto("after_bad", update={"x": "😀 \\u0000 \\ud800 \ud83d\ude00"},
                              append={"notes": ["😀", "\\u0000"]}),
