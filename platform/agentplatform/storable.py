@@ -89,16 +89,29 @@ def json_dumped(value: Any, *, default=None) -> str:
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # U+0000 and lone surrogates
 
 
-def json_storable(value: Any) -> Any:
+TOO_DEEP_KEPT = f"(nested deeper than {JSON_MAX_DEPTH} levels: not kept)"
+
+
+def json_storable(value: Any, _depth: int = 0) -> Any:
     """`value` as jsonb can hold it, for what must be recorded whatever it holds (a receiver's
     answer, an error's text): U+0000 and each lone surrogate become U+FFFD, a number that is
-    not finite its text ("nan", "inf"). Everything else is left as it is."""
+    not finite its text ("nan", "inf"), and what nests deeper than JSON_MAX_DEPTH the text
+    TOO_DEEP_KEPT. Everything else is left as it is. (One frame a level, no comprehension's:
+    JSON_MAX_DEPTH levels stay within the interpreter's recursion limit.)"""
     if isinstance(value, str):
         return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, dict | list | tuple) and _depth >= JSON_MAX_DEPTH:
+        return TOO_DEEP_KEPT
     if isinstance(value, dict):
-        return {json_storable(str(key)): json_storable(item) for key, item in value.items()}
+        kept = {}
+        for key, item in value.items():
+            kept[_UNSTORABLE.sub("\ufffd", str(key))] = json_storable(item, _depth + 1)
+        return kept
     if isinstance(value, list | tuple):
-        return [json_storable(item) for item in value]
+        items = []
+        for item in value:
+            items.append(json_storable(item, _depth + 1))
+        return items
     return value

@@ -15,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
+from agentplatform.storable import JSON_MAX_DEPTH, TOO_DEEP_KEPT
 from integrations.services import credential_set
 from runs.approvals.models import Approval
 from runs.dispatch.models import TenantDue
@@ -59,6 +60,25 @@ def test_a_delivery_answered_with_what_jsonb_refuses_is_recorded_once(in_acme, r
     assert [m.result for m in OutboxMessage.objects.filter(run=run)] == \
         [{"v": "nan", "t": "a\ufffdb"}] * 3
     assert set(receiver.keys("/notify").values()) == {1}
+
+
+def test_a_delivery_answered_with_json_nested_too_deep_is_recorded_once(in_acme, receiver, worker):
+    """Deeper than JSON_MAX_DEPTH (600 levels parse, but making them storable recursed past the
+    interpreter's limit): recorded cut off there, not left `sending` to be sent again. (Deeper
+    than json.loads reads, an answer is None: integrations.connectors.transport.)"""
+    depth = 600
+    receiver.raw_answer = b"[" * depth + b"]" * depth
+    run = run_start(agent="herald", input={"url": f"{receiver.base}/notify", "notes": 1}).run
+    wait_for(lambda: OutboxMessage.objects.filter(run=run).exclude(status="pending").exists()
+             and not OutboxMessage.objects.filter(run=run, status="sending").exists(),
+             timeout=30, interval=0.2, what="the notification to be delivered")
+    message = OutboxMessage.objects.get(run=run)
+    assert message.status == "delivered", (message.status, message.last_error)
+    assert receiver.keys("/notify") == {message.idempotency_key: 1}
+    kept, levels = message.result, 0
+    while isinstance(kept, list):
+        kept, levels = kept[0] if kept else None, levels + 1
+    assert (levels, kept) == (JSON_MAX_DEPTH, TOO_DEEP_KEPT)
 
 
 def _held_message(receiver, run):
