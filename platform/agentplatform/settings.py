@@ -299,6 +299,9 @@ QUOTA_RATE_CACHE_SECONDS = env.float("QUOTA_RATE_CACHE_SECONDS", default=10.0)
 
 # -- runs ------------------------------------------------------------------------------------
 RUN_STATE_MAX_BYTES = env.int("RUN_STATE_MAX_BYTES", default=256 * 1024)
+# What one step's transition carries besides its state (appended values, a result, a request,
+# fan-out items, a child's input, its notifications), as JSON.
+RUN_TRANSITION_MAX_BYTES = env.int("RUN_TRANSITION_MAX_BYTES", default=8 * 1024 * 1024)
 RUN_SLICE_SECONDS = env.float("RUN_SLICE_SECONDS", default=30.0)
 RUN_LEASE_SECONDS = env.float("RUN_LEASE_SECONDS", default=30.0)
 RUN_HEARTBEAT_SECONDS = env.float("RUN_HEARTBEAT_SECONDS", default=RUN_LEASE_SECONDS / 3)

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from opentelemetry import trace
@@ -211,15 +212,21 @@ class Harness:
             raise StepError(f"step {step.name!r} returned {misshapen}")
         try:
             state, state_json = state_merge_dumped(position.state, transition.update)
-            json_dumped(stored(transition))  # refused now, not by the database at the write
+            carried = len(json_dumped(stored(transition)))  # refused now, not at the write
             if self.notifications:
-                json_dumped(self.notifications, default=str)
+                carried += len(json_dumped(self.notifications, default=str))
             texts_fit(transition, self.notifications)
         except StateTooLarge as exc:
             raise StepError(str(exc)) from None
         except Unstorable as exc:
             raise StepError(f"step {step.name!r} returned a value that cannot be stored: {exc}"
                             ) from None
+        if carried > settings.RUN_TRANSITION_MAX_BYTES:
+            raise StepError(
+                f"step {step.name!r} returned {carried} bytes of JSON besides its state (appended "
+                f"values, a result, a request, items, an input, notifications), over the "
+                f"{settings.RUN_TRANSITION_MAX_BYTES}-byte limit: keep files in the run's "
+                "workspace and pass their names")
         offsets = dict(position.offsets)
         entries = []
         for name, values in transition.append.items():

@@ -15,7 +15,7 @@ from runs.dispatch.models import ReadyRun
 from runs.dispatch.services import dispatch_ready, ready_defer
 from runs.effects.models import Effect, OutboxMessage
 from runs.effects.services import EffectError, Scope, args_digest, effect_perform
-from runs.models import Branch, Run, RunEvent
+from runs.models import Branch, LogEntry, Run, RunEvent
 from runs.services import run_requeue
 from tests.effects.receiver import Receiver
 from tests.support.runs import finished, kinds, start
@@ -200,6 +200,13 @@ def test_a_transition_with_a_field_of_the_wrong_type_fails_the_run_in_words(in_a
     assert run.error.startswith("step 'produce' returned "), run.error
     assert RunEvent.objects.get(run=run, kind="step_failed").data["step"] == "produce"
     assert not RunEvent.objects.filter(run=run, kind="engine_error").exists()
+
+
+def test_a_step_returning_more_than_the_transition_limit_fails_in_words(in_acme):
+    run = finished(start("unstorable", input={"how": "huge_append"}).id)
+    assert run.status == "failed", (run.status, run.waiting_reason)
+    assert "over the 8388608-byte limit" in run.error, run.error
+    assert not LogEntry.objects.filter(run=run).exists()
 
 
 def test_storable_values_that_look_like_the_refused_ones_are_kept(in_acme):

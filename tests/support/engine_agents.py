@@ -129,6 +129,8 @@ UNSTORABLE = {
     "naive_sleep": lambda ctx: sleep(then="after_bad", until=datetime(2030, 1, 1)),
     "far_sleep": lambda ctx: sleep(then="after_bad", until=datetime(9999, 1, 1, tzinfo=UTC)),
     "child_list": lambda ctx: run_child("chatter", ["x"], then="after_bad"),
+    # too large: 9 MiB appended in one step (RUN_TRANSITION_MAX_BYTES is 8 MiB)
+    "huge_append": lambda ctx: goto("after_bad", append={"notes": ["x" * (9 << 20)]}),
     # storable: an emoji (written as a surrogate pair) and text that only looks like escapes
     "fine": lambda ctx: goto("after_bad", update={"x": "😀 \\u0000 \\ud800 \ud83d\ude00"},
                              append={"notes": ["😀", "\\u0000"]}),
