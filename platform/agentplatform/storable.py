@@ -89,29 +89,42 @@ def json_dumped(value: Any, *, default=None) -> str:
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # U+0000 and lone surrogates
 
 
-TOO_DEEP_KEPT = f"(nested deeper than {JSON_MAX_DEPTH} levels: not kept)"
+# Kept this deep at most, leaving room for the levels a value is carried in (a step's result in
+# its transition, an appended value in its log) within JSON_MAX_DEPTH.
+KEPT_MAX_DEPTH = JSON_MAX_DEPTH - 16
+TOO_DEEP_KEPT = f"(nested deeper than {KEPT_MAX_DEPTH} levels: not kept)"
+CYCLE_KEPT = "(a value that contains itself: not kept)"
 
 
-def json_storable(value: Any, _depth: int = 0) -> Any:
+def json_storable(value: Any) -> Any:
     """`value` as jsonb can hold it, for what must be recorded whatever it holds (a receiver's
     answer, an error's text): U+0000 and each lone surrogate become U+FFFD, a number that is
-    not finite its text ("nan", "inf"), and what nests deeper than JSON_MAX_DEPTH the text
-    TOO_DEEP_KEPT. Everything else is left as it is. (One frame a level, no comprehension's:
-    JSON_MAX_DEPTH levels stay within the interpreter's recursion limit.)"""
+    not finite its text ("nan", "inf"), what nests deeper than KEPT_MAX_DEPTH the text
+    TOO_DEEP_KEPT and a container inside itself CYCLE_KEPT. Everything else is left as it is."""
+    return _storable(value, 0, set())
+
+
+def _storable(value: Any, depth: int, path: set[int]) -> Any:
+    # One frame a level, no comprehension's: KEPT_MAX_DEPTH levels stay within the
+    # interpreter's recursion limit. `path`: the containers above this one.
     if isinstance(value, str):
         return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, dict | list | tuple) and _depth >= JSON_MAX_DEPTH:
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if depth >= KEPT_MAX_DEPTH:
         return TOO_DEEP_KEPT
+    if id(value) in path:
+        return CYCLE_KEPT
+    path.add(id(value))
     if isinstance(value, dict):
-        kept = {}
+        kept: Any = {}
         for key, item in value.items():
-            kept[_UNSTORABLE.sub("\ufffd", str(key))] = json_storable(item, _depth + 1)
-        return kept
-    if isinstance(value, list | tuple):
-        items = []
+            kept[_UNSTORABLE.sub("\ufffd", str(key))] = _storable(item, depth + 1, path)
+    else:
+        kept = []
         for item in value:
-            items.append(json_storable(item, _depth + 1))
-        return items
-    return value
+            kept.append(_storable(item, depth + 1, path))
+    path.discard(id(value))
+    return kept

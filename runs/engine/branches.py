@@ -10,16 +10,15 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentplatform.redaction import secrets_redact
-from agentplatform.storable import Unstorable, json_dumped, json_storable
+from agentplatform.storable import json_storable
 from runs.dispatch.services import ready_clear, ready_defer, ready_mark
 
 from ..events import event_record
 from ..leases import leases
 from ..models import Branch, Checkpoint, Run
-from ..transitions import Fail, Finish, stored
+from ..transitions import Fail, Finish
 from .claims import agent_for, poison_reason
-from .harness import Harness
+from .harness import Harness, error_kept, transition_refused
 from .outcome import Outcome, StepError, worker_id
 from .ports import BudgetExceeded, NeedsPerson
 from .store import branch_claim, branch_fence, checkpoint_at
@@ -81,12 +80,9 @@ def branch_advance(*, run_id: UUID, index: int, owner: str | None = None,
             return _branch_finish(branch, ok=False, error=(
                 f"branch step {step.name!r} used ctx.notify; branches have no checkpoint to "
                 "commit it with: use ctx.effect, or notify from the join step"))
-        if transition is not None:
-            try:
-                json_dumped(stored(transition))  # its result is a row: refused now, in words
-            except Unstorable as exc:
-                return _branch_finish(branch, ok=False, error=(
-                    f"branch step {step.name!r} returned a value that cannot be stored: {exc}"))
+        refused = transition is not None and transition_refused(step, transition, [])
+        if refused:  # its result is a row: refused now, in words
+            return _branch_finish(branch, ok=False, error=refused)
         match transition:
             case Finish(result=result, update=update, append=append) if not update and not append:
                 return _branch_finish(branch, ok=True, value=result)
@@ -105,7 +101,7 @@ def _branch_finish(branch: Branch, *, ok: bool, value: Any = None, error: str = 
     with transaction.atomic():
         Run.objects.select_for_update().filter(id=branch.run_id).first()  # serialise the last two
         branch_fence(branch, status=Branch.Status.DONE if ok else Branch.Status.FAILED,
-                     result=value, error=json_storable(secrets_redact(error)), lease_owner="",
+                     result=value, error=json_storable(error_kept(error)), lease_owner="",
                      lease_expires_at=None, finished_at=timezone.now())
         ready_clear(run_id=branch.run_id, branch=branch.index)
         open_branches = Branch.objects.filter(

@@ -188,7 +188,7 @@ class Harness:
                     raise ctx.interrupt from exc
                 if isinstance(exc, EffectRefused):
                     raise StepError(str(exc)) from exc
-                self.last_error = secrets_redact(
+                self.last_error = error_kept(
                     f"step {step.name!r} raised {type(exc).__name__}: {exc}")
                 will_retry = attempt < policy.max_attempts
                 event_record(
@@ -201,32 +201,19 @@ class Harness:
         return None
 
     def _apply(self, step: Step, position: Position, transition: Transition) -> Position:
+        refused = transition_refused(step, transition, self.notifications)
+        if refused:
+            raise StepError(refused)
         undeclared = targets(transition) - step.next
         if undeclared:
             raise StepError(
                 f"step {step.name!r} went to {sorted(undeclared)}, which it does not declare "
                 f"in next={sorted(step.next)}"
             )
-        misshapen = shape_wrong(transition)
-        if misshapen:
-            raise StepError(f"step {step.name!r} returned {misshapen}")
         try:
             state, state_json = state_merge_dumped(position.state, transition.update)
-            carried = len(json_dumped(stored(transition)))  # refused now, not at the write
-            if self.notifications:
-                carried += len(json_dumped(self.notifications, default=str))
-            texts_fit(transition, self.notifications)
         except StateTooLarge as exc:
             raise StepError(str(exc)) from None
-        except Unstorable as exc:
-            raise StepError(f"step {step.name!r} returned a value that cannot be stored: {exc}"
-                            ) from None
-        if carried > settings.RUN_TRANSITION_MAX_BYTES:
-            raise StepError(
-                f"step {step.name!r} returned {carried} bytes of JSON besides its state (appended "
-                f"values, a result, a request, items, an input, notifications), over the "
-                f"{settings.RUN_TRANSITION_MAX_BYTES}-byte limit: keep files in the run's "
-                "workspace and pass their names")
         offsets = dict(position.offsets)
         entries = []
         for name, values in transition.append.items():
@@ -265,7 +252,7 @@ class Harness:
              error: str = "", result: Any = None) -> Outcome:
         run = self.run
         kind = event or {"succeeded": "run_succeeded", "failed": "run_failed"}.get(status, status)
-        error = json_storable(secrets_redact(error))  # a text column refuses U+0000 too
+        error = json_storable(error_kept(error))  # a text column refuses U+0000 too
         with transaction.atomic():
             self.writer.commit_final(
                 position, status=status, result=result, error=error, lease_owner="",
@@ -377,41 +364,109 @@ _BOUNDED = {"event kind": EventGate._meta.get_field("kind"),
 
 
 WAIT_MAX = timedelta(days=3650)  # a timeout, a sleep: what a wakeup row and its sum can hold
+FAN_OUT_MAX_ITEMS = 10_000  # branches of one fan-out: each a row, a ready row, a task
+ERROR_MAX_CHARS = 8192  # of a fail() reason or a step's exception, as the run records it
+
+
+def transition_refused(step: Step, transition: Transition, notifications: list[dict]) -> str:
+    """Why the engine refuses what a step returned, in words ("" if it takes it): a field of
+    the wrong type, a value PostgreSQL cannot store or a text longer than its column, or more
+    than RUN_TRANSITION_MAX_BYTES besides the state. The same for a run's step and a fan-out
+    branch's; the state's own limits are `state_merge_dumped`'s."""
+    misshapen = shape_wrong(transition)
+    if misshapen:
+        return f"step {step.name!r} returned {misshapen}"
+    try:
+        carried = len(json_dumped(stored(transition)))
+        if notifications:
+            carried += len(json_dumped(notifications, default=str))
+        texts_fit(transition, notifications)
+    except Unstorable as exc:
+        return f"step {step.name!r} returned a value that cannot be stored: {exc}"
+    if carried > settings.RUN_TRANSITION_MAX_BYTES:
+        return (f"step {step.name!r} returned {carried} bytes of JSON besides its state (appended "
+                f"values, a result, a request, items, an input, notifications), over the "
+                f"{settings.RUN_TRANSITION_MAX_BYTES}-byte limit: keep files in the run's "
+                "workspace and pass their names")
+    return ""
+
+
+def _aware_within(moment, before: timedelta, after: timedelta) -> bool:
+    """A timezone-aware datetime between now - `before` and now + `after`."""
+    if not isinstance(moment, datetime) or not timezone.is_aware(moment):
+        return False
+    now = timezone.now()
+    return now - before <= moment <= now + after
+
+
+def _names(transition: Transition) -> list:
+    """The step and agent names a transition carries (sets are made of them: text only)."""
+    match transition:
+        case Goto(step=step):
+            return [step]
+        case WaitForApproval(then=then, on_timeout=other) | WaitForEvent(then=then,
+                                                                         on_timeout=other):
+            return [then] if other is None else [then, other]
+        case Sleep(then=then):
+            return [then]
+        case RunChild(then=then, agent=agent):
+            return [then, agent]
+        case FanOut(step=step, then=then):
+            return [step, then]
+    return []
 
 
 def shape_wrong(transition: Transition) -> str:
     """What is wrong with the types of a transition's fields (its helpers do not check them:
     a step may build one from a model's output), in words; "" if nothing. Refused at the step
     boundary, the run failing, instead of an engine error where it is recorded."""
-    if type(transition) is Goto:  # most steps: nothing typed to check
+    if not all(isinstance(name, str) for name in _names(transition)):
+        return f"{type(transition).__name__} with a step or agent name that is not text"
+    if type(transition) is Goto:  # most steps: nothing else typed to check
         return ""
     match transition:
         case Fail(reason=reason) if not isinstance(reason, str):
             return f"fail() with a {type(reason).__name__} as its reason: it takes text"
         case WaitForApproval(request=request) if not isinstance(request, dict):
             return f"wait_for_approval() with a {type(request).__name__}: it takes a dict"
-        case WaitForApproval(request=request) if not isinstance(request.get("deciders", []),
-                                                                list):
-            return "wait_for_approval() whose deciders are not a list"
+        case WaitForApproval(request=request) if not (
+                isinstance(deciders := request.get("deciders", []), list)
+                and all(isinstance(decider, str) for decider in deciders)):
+            return "wait_for_approval() whose deciders are not a list of texts"
         case RunChild(input=payload) if not isinstance(payload, dict):
             return f"run_child() with a {type(payload).__name__} as its input: it takes a dict"
         case RunChild(version=version) if version is not None and type(version) is not int:
             return "run_child() whose version is not a whole number"
         case FanOut(items=items) if not isinstance(items, list):
             return "fan_out() whose items are not a list"
-        case Sleep(until=until) if until is not None and (
-                not isinstance(until, datetime) or until.tzinfo is None
-                or until > timezone.now() + WAIT_MAX):
-            return (f"sleep(until=...) that is not an aware datetime within "
-                    f"{WAIT_MAX.days} days")
-        case WaitForEvent(since=since) if since is not None and (
-                not isinstance(since, datetime) or since.tzinfo is None):
-            return "wait_for_event(since=...) that is not an aware datetime"
+        case FanOut(items=items) if len(items) > FAN_OUT_MAX_ITEMS:
+            return f"fan_out() of {len(items)} items, over the {FAN_OUT_MAX_ITEMS}-item limit"
+        case Sleep(until=until, duration=duration) if (until is None) == (duration is None):
+            return "sleep() with both or neither of until= and duration="
+        case Sleep(until=until) if until is not None and not _aware_within(until, WAIT_MAX,
+                                                                             WAIT_MAX):
+            return (f"sleep(until=...) that is not a timezone-aware datetime within "
+                    f"{WAIT_MAX.days} days of now")
+        case WaitForEvent(since=since) if since is not None and not _aware_within(
+                since, WAIT_MAX, timedelta(0)):
+            return (f"wait_for_event(since=...) that is not a timezone-aware datetime within the "
+                    f"last {WAIT_MAX.days} days")
     for name in ("timeout", "duration"):
         span = getattr(transition, name, None)
-        if span is not None and not (isinstance(span, timedelta) and span <= WAIT_MAX):
-            return f"a {name} that is not a timedelta of at most {WAIT_MAX.days} days"
+        if span is not None and not (isinstance(span, timedelta)
+                                     and timedelta(0) <= span <= WAIT_MAX):
+            return f"a {name} that is not a timedelta of 0 to {WAIT_MAX.days} days"
     return ""
+
+
+def error_kept(text: str) -> str:
+    """An error text as a run records it: at most ERROR_MAX_CHARS, redacted. Cut with a margin
+    first (redacting is slow on long text), redacted, then cut to size: a secret that straddled
+    the first cut is past the second."""
+    if len(text) <= ERROR_MAX_CHARS:
+        return secrets_redact(text)
+    return secrets_redact(text[:ERROR_MAX_CHARS + 1024])[:ERROR_MAX_CHARS] + \
+        f"... ({len(text) - ERROR_MAX_CHARS} more characters not kept)"
 
 
 def texts_fit(transition: Transition, notifications: list[dict]) -> None:
@@ -440,4 +495,4 @@ def step_traceback(exc: BaseException, fn) -> str:
     else:
         text = "".join(traceback.format_exception(type(exc), exc, tb, limit=TRACEBACK_MAX_FRAMES,
                                                   chain=False))
-    return secrets_redact(text)[-TRACEBACK_MAX_CHARS:]
+    return secrets_redact(text[-(TRACEBACK_MAX_CHARS + 1024):])[-TRACEBACK_MAX_CHARS:]

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 from django_tenants.utils import tenant_context
 
-from agentplatform.storable import JSON_MAX_DEPTH, TOO_DEEP_KEPT
+from agentplatform.storable import KEPT_MAX_DEPTH, TOO_DEEP_KEPT
 from integrations.services import credential_set
 from runs.approvals.models import Approval
 from runs.dispatch.models import TenantDue
@@ -63,7 +63,7 @@ def test_a_delivery_answered_with_what_jsonb_refuses_is_recorded_once(in_acme, r
 
 
 def test_a_delivery_answered_with_json_nested_too_deep_is_recorded_once(in_acme, receiver, worker):
-    """Deeper than JSON_MAX_DEPTH (600 levels parse, but making them storable recursed past the
+    """Deeper than KEPT_MAX_DEPTH (600 levels parse, but making them storable recursed past the
     interpreter's limit): recorded cut off there, not left `sending` to be sent again. (Deeper
     than json.loads reads, an answer is None: integrations.connectors.transport.)"""
     depth = 600
@@ -78,7 +78,7 @@ def test_a_delivery_answered_with_json_nested_too_deep_is_recorded_once(in_acme,
     kept, levels = message.result, 0
     while isinstance(kept, list):
         kept, levels = kept[0] if kept else None, levels + 1
-    assert (levels, kept) == (JSON_MAX_DEPTH, TOO_DEEP_KEPT)
+    assert (levels, kept) == (KEPT_MAX_DEPTH, TOO_DEEP_KEPT)
 
 
 def _held_message(receiver, run):

@@ -15,6 +15,7 @@ from runs.dispatch.models import ReadyRun
 from runs.dispatch.services import dispatch_ready, ready_defer
 from runs.effects.models import Effect, OutboxMessage
 from runs.effects.services import EffectError, Scope, args_digest, effect_perform
+from runs.engine.harness import ERROR_MAX_CHARS
 from runs.models import Branch, LogEntry, Run, RunEvent
 from runs.services import run_requeue
 from tests.effects.receiver import Receiver
@@ -192,7 +193,9 @@ def test_a_step_returning_what_cannot_be_stored_fails_in_words(in_acme, how):
 
 
 @pytest.mark.parametrize("how", ["fail_number", "approval_list", "deciders_text", "huge_timeout",
-                                 "timeout_number", "naive_sleep", "far_sleep", "child_list"])
+                                 "timeout_number", "naive_sleep", "far_sleep", "child_list",
+                                 "ancient_sleep", "ancient_since", "negative_timeout",
+                                 "bare_sleep", "goto_list", "deciders_dicts", "wide_fan_out"])
 def test_a_transition_with_a_field_of_the_wrong_type_fails_the_run_in_words(in_acme, how):
     """Not an engine error that parks the run for an operator: the step's own mistake."""
     run = finished(start("unstorable", input={"how": how}).id)
@@ -200,6 +203,23 @@ def test_a_transition_with_a_field_of_the_wrong_type_fails_the_run_in_words(in_a
     assert run.error.startswith("step 'produce' returned "), run.error
     assert RunEvent.objects.get(run=run, kind="step_failed").data["step"] == "produce"
     assert not RunEvent.objects.filter(run=run, kind="engine_error").exists()
+
+
+def test_a_branch_returning_a_field_of_the_wrong_type_fails_and_the_join_runs(in_acme):
+    run = start("unstorable", input={"how": "fail_number_branch"})
+    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    branch = Branch.objects.get(run=run)
+    assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
+    branch.refresh_from_db()
+    assert branch.status == "failed" and "with a int as its reason" in branch.error, branch.error
+    assert finished(run.id).result == [[False, branch.error]]
+
+
+def test_a_long_fail_reason_is_kept_cut_to_its_limit(in_acme):
+    run = finished(start("unstorable", input={"how": "long_reason"}).id)
+    assert run.status == "failed"
+    assert run.error.startswith("a:a:") and run.error.endswith("91808 more characters not kept)")
+    assert len(run.error) < ERROR_MAX_CHARS + 100
 
 
 def test_a_step_returning_more_than_the_transition_limit_fails_in_words(in_acme):

@@ -13,6 +13,7 @@ from runs.agents import Agent, RetryPolicy
 from runs.engine import branch_claim
 from runs.models import Branch
 from runs.transitions import (
+    Sleep,
     fail,
     fan_out,
     finish,
@@ -129,6 +130,17 @@ UNSTORABLE = {
     "naive_sleep": lambda ctx: sleep(then="after_bad", until=datetime(2030, 1, 1)),
     "far_sleep": lambda ctx: sleep(then="after_bad", until=datetime(9999, 1, 1, tzinfo=UTC)),
     "child_list": lambda ctx: run_child("chatter", ["x"], then="after_bad"),
+    "ancient_sleep": lambda ctx: sleep(then="after_bad", until=datetime(1, 1, 2, tzinfo=UTC)),
+    "ancient_since": lambda ctx: wait_for_event("reply", "k", then="after_bad",
+                                                since=datetime(1, 1, 2, tzinfo=UTC)),
+    "negative_timeout": lambda ctx: wait_for_approval({}, then="after_bad",
+                                                      timeout=timedelta(days=-10**6)),
+    "bare_sleep": lambda ctx: Sleep("after_bad"),
+    "goto_list": lambda ctx: goto(["after_bad"]),
+    "deciders_dicts": lambda ctx: wait_for_approval({"deciders": [{"a": 1}]}, then="after_bad"),
+    "wide_fan_out": lambda ctx: fan_out("bad_branch", list(range(10_001)), then="join_bad"),
+    "fail_number_branch": lambda ctx: fan_out("bad_branch", ["fail42"], then="join_bad"),
+    "long_reason": lambda ctx: fail("a:" * 50_000),
     # too large: 9 MiB appended in one step (RUN_TRANSITION_MAX_BYTES is 8 MiB)
     "huge_append": lambda ctx: goto("after_bad", append={"notes": ["x" * (9 << 20)]}),
     # storable: an emoji (written as a surrogate pair) and text that only looks like escapes
@@ -160,7 +172,7 @@ def after_bad(ctx, state):
 
 @unstorable.step(next=[])
 def bad_branch(ctx, state):
-    return finish(float("nan"))
+    return fail(42) if ctx.item == "fail42" else finish(float("nan"))
 
 
 @unstorable.step(next=[])
