@@ -11,6 +11,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import redis
+from django.conf import settings
 from django.db import connection
 from django.db.models import F
 from django_tenants.utils import tenant_context
@@ -91,7 +93,10 @@ def _dispatched_now(count: int) -> None:
 @pytest.fixture
 def one_slot():
     """One worker process with one slot, and slices long enough that only a run's end frees
-    it; the dispatcher's global budget out of the way (the tenants' caps decide)."""
+    it; the dispatcher's global budget out of the way (the tenants' caps decide). What earlier
+    tests left in the runs' queue (the stopped beat's ticks, messages of their runs, which
+    the watchdog hands out again) is dropped first: the test counts what waits there."""
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
     worker = Worker("chain", 1, env={"DISPATCH_MAX_IN_FLIGHT": "100000",
                                      "RUN_SLICE_SECONDS": "30"})
     yield worker
