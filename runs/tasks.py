@@ -2,12 +2,13 @@
 
 import logging
 import time
+from functools import partial
 from uuid import UUID
 
 from celery import shared_task
 from celery.signals import worker_process_init
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from agentplatform.doorbell import Ring, doorbell_ring_all, doorbell_waiting
 from agentplatform.drain import DrainableSlice, draining
@@ -45,21 +46,33 @@ def advance(task, run_id: str) -> str:
     chain_ends = time.monotonic() + settings.RUN_SLICE_SECONDS
     kept: list[Ring] = []
     try:
-        outcome = _advance_one(run_id, kept)
+        outcome = _advance_one(run_id, kept, left=[])
         while kept and _chain_goes_on(chain_ends):
-            ring = kept.pop()
+            ring, left = kept.pop(), []
             try:
                 connection.set_tenant(task.get_tenant_for_schema(ring.schema))
                 with trace_attached(ring.traceparent):
-                    _advance_one(ring.args[0], kept)
-            except Exception:  # rung below: if it was claimed, its message finds it taken
+                    _advance_one(ring.args[0], kept, left=left)
+            except Exception:
                 log.exception("run %s (taken after run %s) failed in the worker", ring.args[0],
                               run_id)
-                kept.append(ring)
-                break
+                if not left:  # it never left this worker (never claimed, or it holds the
+                    kept.append(ring)  # lease until it lapses): its message, rung below
+                break  # (one that left is in line or ended: the dispatcher has it)
     finally:
-        doorbell_ring_all(kept, robust=True)  # outside a transaction: sent now
+        _rung_now(kept)
     return outcome.value
+
+
+def _rung_now(rings: list[Ring]) -> None:
+    """Ring what this task kept and did not run, outside a transaction: sent now. If even
+    that fails (the database is away), their ready rows stay dispatched: the watchdog hands
+    them out again, as it does a lost message."""
+    try:
+        doorbell_ring_all(rings, robust=True)
+    except Exception:
+        log.exception("runs %s: not rung; the watchdog hands them out",
+                      [ring.args[0] for ring in rings])
 
 
 def _chain_goes_on(chain_ends: float) -> bool:
@@ -69,11 +82,12 @@ def _chain_goes_on(chain_ends: float) -> bool:
     return not doorbell_waiting("runs.advance")  # None (broker away): it needs no broker
 
 
-def _advance_one(run_id: str, kept: list[Ring]) -> engine.Outcome:
+def _advance_one(run_id: str, kept: list[Ring], *, left: list[str]) -> engine.Outcome:
     """`engine.advance` of the run in the connection's tenant, then its slot handed out; the
-    pick kept for this worker, if any, is appended to `kept` once its transaction commits. A
-    run this worker did not run (another holds it, its code is not deployed here, the lease
-    was lost) keeps nothing: its slot goes through the broker, to a worker that may."""
+    pick kept for this worker, if any, is appended to `kept` once its transaction commits, and
+    the run's id to `left` once the transaction in which it left this worker commits. A run
+    this worker did not run (another holds it, its code is not deployed here, the lease was
+    lost) keeps nothing: its slot goes through the broker, to a worker that may."""
     handed_out = []
 
     def slot_hand_out() -> None:
@@ -81,6 +95,7 @@ def _advance_one(run_id: str, kept: list[Ring]) -> engine.Outcome:
         # DISPATCH_LOCK_WAIT_SECONDS). In a savepoint: an error there (the victim of a rare
         # deadlock, see docs/decisions/0025) leaves the end whole, and the slot is handed out
         # after it; an error that broke the transaction itself (the connection) is raised.
+        transaction.on_commit(partial(left.append, run_id))
         try:
             handed_out.append(dispatch_ready(robust=True, wait=True, keep=kept) is not None)
         except DatabaseError:

@@ -106,3 +106,6 @@ def doorbell_waiting(task_name: str) -> int | None:
         except (*BROKER_AWAY, *broker.connection_errors):
             broker.collect()  # a connection that broke is not handed to the next caller
             return None
+        except Exception:  # it answered with an error (a Redis ACL without EXISTS or LLEN)
+            log.warning("the broker cannot say what waits in %s", queue, exc_info=True)
+            return None
