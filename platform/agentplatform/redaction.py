@@ -14,13 +14,17 @@ import re
 
 REDACTED = "[redacted]"
 
+# Every repeated part that a regex scans from many starting points is bounded (a scheme 32
+# characters, a bare target's path 1024, a bare user or password 256): unbounded, a long run
+# that never matches (80,000 characters of "a:", "-/" or "-a") was scanned to its end from each
+# start, seconds of a worker's time on one error text.
 # a URL ends before whitespace, quotes, and the punctuation of the sentence around it
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`:.,;)\]]")
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@")
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s'\"<>`]*[^\s'\"<>`:.,;)\]]")
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]{0,31}://)[^/?#]*@")
 # the authority's userinfo before the URL is cut out of its sentence: up to the last @ on the line
-_ANY_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\r\n]*@")
+_ANY_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)[^/?#\r\n]*@")
 # a request target written without scheme and host (`GET /hook?token=...`)
-_BARE_TARGET = re.compile(r"(?<![\w.:/@\]])(/[^\s'\"<>?#]*\?)([^\s'\"<>#]*)")
+_BARE_TARGET = re.compile(r"(?<![\w.:/@\]])(/[^\s'\"<>?#]{0,1024}\?)([^\s'\"<>#]*)")
 _QUERY_VALUE = re.compile(r"([?&;][^=&#;?]*=)[^&#;]*")
 _SLACK_HOOK = re.compile(r"(/services)/[^?#]+")
 # A path segment of 20+ characters with letters and digits in it, or 20 letters in a row (no
@@ -33,7 +37,8 @@ _BARE_TOKENS = re.compile(
     r"|\b[sr]k_(?:live|test)_[A-Za-z0-9]+"
     r"|\bsk-[A-Za-z0-9_-]{16,}")
 # user:password@host without a scheme, as a netloc is printed on its own
-_BARE_USERINFO = re.compile(r"(?<![\w/@.])[^\s/@:'\"]+:[^\s/@'\"]+@(?=[A-Za-z0-9\[])")
+_BARE_USERINFO = re.compile(
+    r"(?<![\w/@.])[^\s/@:'\"]{1,256}:[^\s/@'\"]{1,256}@(?=[A-Za-z0-9\[])")
 
 
 def _url_redact(match: re.Match) -> str:

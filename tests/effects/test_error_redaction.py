@@ -42,6 +42,7 @@ def assert_no_secret(text: str, where: str) -> None:
     ("GET https://api.example.com/v1/x?token=abc123&key=k9&sig=zzz9", "api.example.com/v1/x",
      "abc123"),
     ("bob:hunter2@smtp.example.com:587 said no", "smtp.example.com:587", "hunter2"),
+    ("bob:" + "p4ss" * 64 + "@smtp.example.com said no", "smtp.example.com", "p4ss"),
     ("Authorization: Bearer sk-abcdefghijklmnopqrstu", "Authorization", "sk-abcdef"),
     ("slack said invalid_auth for xoxb-1234-5678-abcdef", "invalid_auth", "xoxb-1234"),
     # a password with a quote, a space or a '<' (a URL's repr, a sentence) is still userinfo
