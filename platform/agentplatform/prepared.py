@@ -19,7 +19,19 @@ def prepared_row(sql: str, params: Sequence[Any]) -> tuple | None:
     db = connections[DEFAULT_DB_ALIAS]  # one lookup, not one per attribute through the proxy
     db.close_if_health_check_failed()
     db.ensure_connection()
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
+    cursor = _cursor(db)
+    with db.wrap_database_errors:
         cursor.execute(sql, params, prepare=True)  # psycopg errors become Django's
         # (not `cursor.description`, which builds a Column per column to say the same)
         return cursor.fetchone() if cursor.pgresult.status == ExecStatus.TUPLES_OK else None
+
+
+def _cursor(db) -> psycopg.Cursor:
+    """The connection's cursor for these statements, made once per psycopg connection: making
+    one (its adapters' map, its transformer) cost a step's statement 10-15 µs of client CPU
+    (docs/benchmarks.md, 2026-12-07). A Django connection belongs to one thread, and so does
+    the cursor kept on it; a reconnect makes a new one."""
+    cursor = getattr(db, "_prepared_cursor", None)
+    if cursor is None or cursor.connection is not db.connection or cursor.closed:
+        cursor = db._prepared_cursor = psycopg.Cursor(db.connection)
+    return cursor

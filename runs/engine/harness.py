@@ -5,7 +5,7 @@ import inspect
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -96,7 +96,7 @@ class Harness:
                                  error=f"max wall time reached: {run.active_seconds:.1f}s of "
                                        f"{run.max_wall_seconds:.1f}s")
             step = agent.steps[position.step]
-            started, self.step_started_at = time.monotonic(), timezone.now()
+            started, self.step_started = time.monotonic(), time.time()  # not timezone.now(): 3 µs
             try:
                 transition = self.step_run(step, position, logs)
                 if transition is None:  # retries exhausted; the errors are in the events
@@ -316,7 +316,8 @@ class Harness:
                                   timeout=timeout, since=since):
                     parking["event_gate"](run=run, visit=visit, kind=kind, key=key, then=then,
                                           on_timeout=on_timeout, timeout=timeout,
-                                          since=since or self.step_started_at)
+                                          since=since or datetime.fromtimestamp(
+                                              self.step_started, UTC))
                 case Sleep():
                     parking["timer"](run_id=run.id, visit=visit, due_at=due)
                 case RunChild(agent=agent, input=input, then=then, version=version):

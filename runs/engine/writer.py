@@ -73,8 +73,8 @@ class CheckpointWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._touch_due = 0.0  # when the run row is written next (time.perf_counter)
         self._flushing = threading.Lock()
+        self.schema = schema = connection.schema_name  # the run's tenant's, for every write
         if self.mode == Run.Durability.ASYNC:
-            schema = connection.schema_name
             self._executor = ThreadPoolExecutor(
                 max_workers=1, initializer=lambda: connection.set_schema(schema)
             )
@@ -178,7 +178,7 @@ class CheckpointWriter:
         touch = started >= self._touch_due
         self.cancel_requested |= checkpoint_commit(
             run=self.run, epoch=self.epoch, position=position, touch_run=touch, event=event,
-            **run_fields
+            schema=self.schema, **run_fields
         )
         if touch:
             self._touch_due = started + settings.RUN_COUNTERS_SECONDS
