@@ -273,7 +273,15 @@ CELERY_TASK_TENANT_CACHE_SECONDS = env.int("CELERY_TENANT_CACHE_SECONDS", defaul
 # A slice lasts RUN_SLICE_SECONDS, far below the visibility timeout, so Redis redelivers only
 # what a dead worker held; and a redelivered message only rings the doorbell: the lease claim
 # and epoch fencing make a second delivery harmless (docs/decisions/0002-leases.md).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# A broker that hangs (it accepts a connection and never answers: a stopped process, a link
+# cut without a reset) fails a send or an ask in about two of these instead of holding the
+# request or the worker forever; a send that fails leaves its run for the dispatcher's tick.
+BROKER_SOCKET_TIMEOUT = env.float("BROKER_SOCKET_TIMEOUT", default=2.0)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600,
+                                   "socket_timeout": BROKER_SOCKET_TIMEOUT,
+                                   "socket_connect_timeout": BROKER_SOCKET_TIMEOUT}
+# The result backend is never read (ignore_result), but Celery may connect to it: the same.
+CELERY_REDIS_SOCKET_TIMEOUT = CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = BROKER_SOCKET_TIMEOUT
 CELERY_BEAT_SCHEDULE = {
     "dispatch-tick": {"task": "dispatch.tick",
                       "schedule": env.float("DISPATCH_TICK_SECONDS", default=1.0)},
