@@ -11,6 +11,7 @@ current context while sending, so that in a worker Celery's own publish span is 
 """
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,20 @@ log = logging.getLogger(__name__)
 # What a send raises when the broker cannot be reached (Celery re-raises the transport's
 # connection errors as kombu's OperationalError).
 BROKER_AWAY = (OperationalError, OSError)
+# Until when this process takes the broker to be away (time.monotonic()): after a send or an
+# ask failed for want of it, robust rings are unrung and asks answered None without trying,
+# for BROKER_AWAY_SECONDS, so a broker that hangs costs one request its socket timeouts, not
+# every request of every thread in turn.
+_away_until = 0.0
+
+
+def _broker_away() -> bool:
+    return time.monotonic() < _away_until
+
+
+def _broker_gone() -> None:
+    global _away_until
+    _away_until = time.monotonic() + settings.BROKER_AWAY_SECONDS
 
 
 @dataclass(frozen=True)
@@ -59,10 +74,20 @@ def ring_of(task_name: str, args: Sequence = (), *, schema: str | None = None,
 
 
 def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
-    """Send each on commit, in order. `robust`: nothing is raised; a ring that cannot be sent
-    is unrung, and at the first the broker refuses (a connection error) it is taken to be
-    away: every ring after it is unrung too, not tried (each try costs the publish retries)."""
+    """Send each on commit, in order, once: no publish retry (PostgreSQL is the truth: what is
+    not sent is sent again by the tick or the watchdog, and a retry after a timed-out push that
+    did arrive sent it twice). `robust`: nothing is raised; a ring that cannot be sent is
+    unrung, and at the first the broker refuses (a connection error or a timeout) it is taken
+    to be away: every ring after it is unrung too, not tried, and so are this process's next
+    robust rings for BROKER_AWAY_SECONDS."""
     def send() -> None:
+        if robust and _broker_away():
+            log.warning("%d ring(s) not tried, the broker was away moments ago; the sweep "
+                        "sends them", len(rings))
+            for each in rings:
+                if each.unrung is not None:
+                    each.unrung()
+            return
         for index, ring in enumerate(rings):
             headers = {"_schema_name": ring.schema}
             if ring.traceparent:
@@ -73,11 +98,13 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
                     # sender to the task's result channel (a round trip per send, one
                     # subscription kept per task, ~20 s of reconnecting when Redis is away)
                     app.send_task(ring.task_name, args=ring.args, headers=headers,
-                                  ignore_result=True)
+                                  ignore_result=True, retry=False)
             except Exception as exc:
+                away = isinstance(exc, BROKER_AWAY)
+                if away:
+                    _broker_gone()
                 if not robust:
                     raise
-                away = isinstance(exc, BROKER_AWAY)
                 unsent = rings[index:] if away else [ring]
                 log.warning("%s%s%s: doorbell not rung; the sweep sends %s", ring.task_name,
                             ring.args, f" and {len(unsent) - 1} more" if away else "",
@@ -94,7 +121,10 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
 
 def doorbell_waiting(task_name: str) -> int | None:
     """How many messages wait in the broker in the queue `task_name` is sent to, taken by no
-    worker yet; None if the broker cannot be asked (away: one try, no retry)."""
+    worker yet; None if the broker cannot be asked (away: one try, no retry; or away moments
+    ago, not tried)."""
+    if _broker_away():
+        return None
     queue = (task_route(task_name, None, None, {}) or {}).get(
         "queue", settings.CELERY_TASK_DEFAULT_QUEUE)
     with app.pool.acquire(block=True) as broker:
@@ -105,6 +135,7 @@ def doorbell_waiting(task_name: str) -> int | None:
             return 0
         except (*BROKER_AWAY, *broker.connection_errors):
             broker.collect()  # a connection that broke is not handed to the next caller
+            _broker_gone()
             return None
         except Exception:  # it answered with an error (a Redis ACL without EXISTS or LLEN)
             log.warning("the broker cannot say what waits in %s", queue, exc_info=True)

@@ -198,8 +198,11 @@ def _dispatch(*, budget: int, wait: bool, robust: bool, keep: list[Ring] | None)
 
 
 def _ready_undispatch(*, row_id: int, dispatched_at: datetime) -> None:
-    """Its task was never sent (the broker was away): back in line, for the next dispatcher
-    rather than the watchdog's DISPATCH_REDELIVER_SECONDS."""
+    """Its task was not sent, as far as anyone knows (the broker refused it, or timed out: a
+    push that timed out may still arrive when a hung broker resumes): back in line, for the
+    next dispatcher rather than the watchdog's DISPATCH_REDELIVER_SECONDS. If it did arrive,
+    the run's second message is harmless (one claim takes it; the other finds it leased or
+    gone), though its tenant may then run one more than its cap until one of them ends."""
     try:
         ReadyRun.objects.filter(id=row_id, dispatched_at=dispatched_at).update(dispatched_at=None)
     except Exception:  # the watchdog puts it back in line all the same
