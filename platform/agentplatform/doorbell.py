@@ -11,10 +11,12 @@ current context while sending, so that in a worker Celery's own publish span is 
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import redis
 from django.conf import settings
 from django.db import connection, transaction
 from kombu.exceptions import ChannelError, OperationalError
@@ -23,23 +25,69 @@ from agentplatform.celery import app, task_route
 from agentplatform.telemetry import trace_attached, trace_parent
 
 log = logging.getLogger(__name__)
-# What a send raises when the broker cannot be reached (Celery re-raises the transport's
-# connection errors as kombu's OperationalError).
-BROKER_AWAY = (OperationalError, OSError)
-# Until when this process takes the broker to be away (time.monotonic()): after a send or an
-# ask failed for want of it, robust rings are unrung and asks answered None without trying,
-# for BROKER_AWAY_SECONDS, so a broker that hangs costs one request its socket timeouts, not
-# every request of every thread in turn.
-_away_until = 0.0
+# A broker that cannot be reached: a connection that failed or timed out. Celery re-raises
+# every error of the transport as kombu's OperationalError, the one it came from as its cause;
+# an error the broker answered with (out of memory, read-only, an ACL) or a bug's is one
+# send's failure, not the broker away.
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
-def _broker_away() -> bool:
-    return time.monotonic() < _away_until
+class _Breaker:
+    """Whether this process takes the broker to be away. After a send or an ask failed for want
+    of it, robust rings are unrung and asks answered None without trying, for
+    BROKER_AWAY_SECONDS; then one caller at a time probes it (the others still skip) until one
+    gets through, which closes the breaker, or fails, which opens it again. So a broker that
+    hangs costs one request per window its socket timeouts, not every thread's request in turn,
+    and one that is back is used again at its first success."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open = False  # read without the lock on the way in: a stale False costs a try
+        self._until = 0.0  # time.monotonic() until which callers skip
+
+    def away(self) -> bool:
+        """Whether the broker is away (moments ago, or being probed), without taking a probe."""
+        return self._open and time.monotonic() < self._until
+
+    def skip(self) -> bool:
+        """Whether to skip the broker now: True while it is away; False to go ahead, and if the
+        window has passed, this caller is the probe (the others skip until it is done)."""
+        if not self._open:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if not self._open:
+                return False
+            if now < self._until:
+                return True
+            # the probe's longest try: a connect and a read, and redis-py's pause between
+            # two connect attempts, each within the socket timeout
+            self._until = now + 3 * settings.BROKER_SOCKET_TIMEOUT + 1
+            return False
+
+    def failed(self, exc: BaseException) -> bool:
+        """Open the breaker if `exc` says the broker is unreachable; whether it did."""
+        unreachable = isinstance(exc, _UNREACHABLE) or (
+            isinstance(exc, OperationalError) and isinstance(exc.__cause__, _UNREACHABLE))
+        if unreachable:
+            with self._lock:
+                self._open = True
+                self._until = time.monotonic() + settings.BROKER_AWAY_SECONDS
+        return unreachable
+
+    def answered(self) -> None:
+        if self._open:
+            with self._lock:
+                self._open = False
 
 
-def _broker_gone() -> None:
-    global _away_until
-    _away_until = time.monotonic() + settings.BROKER_AWAY_SECONDS
+_breaker = _Breaker()
+
+
+def doorbell_away() -> bool:
+    """Whether robust rings are skipped now (the broker failed this process moments ago): a
+    caller about to pick work only to ring it may leave the pick to the tick."""
+    return _breaker.away()
 
 
 @dataclass(frozen=True)
@@ -81,7 +129,7 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
     to be away: every ring after it is unrung too, not tried, and so are this process's next
     robust rings for BROKER_AWAY_SECONDS."""
     def send() -> None:
-        if robust and _broker_away():
+        if robust and _breaker.skip():
             log.warning("%d ring(s) not tried, the broker was away moments ago; the sweep "
                         "sends them", len(rings))
             for each in rings:
@@ -100,9 +148,7 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
                     app.send_task(ring.task_name, args=ring.args, headers=headers,
                                   ignore_result=True, retry=False)
             except Exception as exc:
-                away = isinstance(exc, BROKER_AWAY)
-                if away:
-                    _broker_gone()
+                away = _breaker.failed(exc)
                 if not robust:
                     raise
                 unsent = rings[index:] if away else [ring]
@@ -114,6 +160,8 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
                         each.unrung()
                 if away:
                     return
+            else:
+                _breaker.answered()
 
     if rings:
         transaction.on_commit(send)
@@ -123,20 +171,22 @@ def doorbell_waiting(task_name: str) -> int | None:
     """How many messages wait in the broker in the queue `task_name` is sent to, taken by no
     worker yet; None if the broker cannot be asked (away: one try, no retry; or away moments
     ago, not tried)."""
-    if _broker_away():
+    if _breaker.skip():
         return None
     queue = (task_route(task_name, None, None, {}) or {}).get(
         "queue", settings.CELERY_TASK_DEFAULT_QUEUE)
     with app.pool.acquire(block=True) as broker:
         try:
             broker.ensure_connection(max_retries=0)
-            return broker.default_channel.queue_declare(queue=queue, passive=True).message_count
+            waiting = broker.default_channel.queue_declare(queue=queue, passive=True).message_count
         except ChannelError:  # Redis keeps no empty list: no such queue is an empty one
-            return 0
-        except (*BROKER_AWAY, *broker.connection_errors):
+            waiting = 0
+        except (OperationalError, *_UNREACHABLE, *broker.connection_errors) as exc:
             broker.collect()  # a connection that broke is not handed to the next caller
-            _broker_gone()
+            _breaker.failed(exc)
             return None
         except Exception:  # it answered with an error (a Redis ACL without EXISTS or LLEN)
             log.warning("the broker cannot say what waits in %s", queue, exc_info=True)
             return None
+    _breaker.answered()
+    return waiting

@@ -21,7 +21,7 @@ from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from agentplatform.doorbell import Ring, doorbell_ring_all, ring_of
+from agentplatform.doorbell import Ring, doorbell_away, doorbell_ring_all, ring_of
 from agentplatform.telemetry import trace_parent
 from tenants.models import Tenant
 
@@ -107,7 +107,12 @@ def dispatch_ready(*, budget: int | None = None, wait: bool = False, robust: boo
     another dispatcher rather than leave the pick to it (then to the next tick); only in a
     transaction that holds nothing another may wait for (`dispatch_after_commit`; run_start,
     whose new rows nobody sees until it commits). `robust`: a send that fails
-    puts its row back in line for the next tick, not the watchdog, and raises nothing."""
+    puts its row back in line for the next tick, not the watchdog, and raises nothing; and
+    while the broker is away from this process (`doorbell_away`), nothing is picked unless
+    for `keep` (0 is returned): the tick's process picks them, rather than this one picking,
+    committing and putting every row back."""
+    if robust and keep is None and doorbell_away():
+        return 0
     budget = settings.DISPATCH_MAX_IN_FLIGHT if budget is None else budget
     try:
         return _dispatch(budget=budget, wait=wait, robust=robust, keep=keep)

@@ -1,12 +1,15 @@
 """A broker that hangs holds nothing up. A Redis stopped with SIGSTOP still accepts connections
 (the kernel does) and never answers: before BROKER_SOCKET_TIMEOUT, a POST whose run's task went
 to it waited forever on the send, and so did a worker asking it what waits. Now the send fails
-in about two timeouts, the POST answers, the process's next sends are not tried for
-BROKER_AWAY_SECONDS, and the dispatcher's tick (its process's broker answers) sends the runs."""
+in two or three timeouts, the POST answers, the process tries the broker for none of its next
+POSTs for BROKER_AWAY_SECONDS and then for one at a time, and the dispatcher's tick (its
+process's broker answers) sends the runs."""
 
 import os
 import signal
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -17,6 +20,8 @@ from tests.support.api import status_of
 from tests.support.fakes.smtp import free_port
 from tests.support.live_server import LiveServer
 from tests.support.waiting import wait_for
+
+TIMEOUT, AWAY = 1, 3  # BROKER_SOCKET_TIMEOUT, BROKER_AWAY_SECONDS of the API's process
 
 
 @pytest.fixture
@@ -49,26 +54,38 @@ def test_posts_answer_while_their_broker_hangs_and_their_runs_are_sent_later(
         acme_api, worker, hung_redis):
     server = LiveServer(name="api-hung-broker", env={
         "TEST_REDIS_URL": hung_redis, "CACHE_URL": settings.CELERY_BROKER_URL,
-        "BROKER_SOCKET_TIMEOUT": "1", "BROKER_AWAY_SECONDS": "600",
+        "BROKER_SOCKET_TIMEOUT": str(TIMEOUT), "BROKER_AWAY_SECONDS": str(AWAY),
     }).start()
     try:
-        run_ids = []
-        for _ in range(3):
-            # Without the socket timeout the first request never got an answer: 60 s is a
-            # bound on a hang, not a measure of speed (the send gives up after about 2 s).
-            answer = requests.post(f"{server.url}/api/v1/runs", timeout=60, json={
-                "agent": "chatter", "input": {"steps": 2}},
-                headers={"Authorization": f"Bearer {os.environ['TEST_ACME_KEY']}"})
-            assert answer.status_code == 201, answer.text
-            run_ids.append(answer.json()["id"])
+        # Without the socket timeout the first request never got an answer: 60 s is a bound
+        # on a hang, not a measure of speed (the send gives up after two or three timeouts).
+        first = _post(server.url)
+        away_ends = time.monotonic() + AWAY  # at the latest: the send failed before it answered
+        assert first.elapsed.total_seconds() >= TIMEOUT  # it did wait on the broker
+        # The next two try nothing (the broker was away moments ago): not even a pick
+        later = [_post(server.url) for _ in range(2)]
+        assert all(answer.elapsed.total_seconds() < TIMEOUT for answer in later), later
         log = server.log_tail(200000)
-        # The first send was tried and timed out; the next two were not tried at all (the
-        # broker was away moments ago), so no request waited on it but the first.
         assert log.count("doorbell not rung") == 1, log
         assert "Timeout" in log
-        assert log.count("ring(s) not tried, the broker was away moments ago") == 2, log
-        for run_id in run_ids:
-            run = status_of(acme_api, run_id, "succeeded")
+        # Once the window has passed, one request probes the broker (and waits on it); the
+        # others answer at once, rather than all of them waiting on it side by side.
+        time.sleep(max(0.0, away_ends - time.monotonic()))
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(_post, [server.url] * 4))
+        slow = [answer for answer in together if answer.elapsed.total_seconds() >= TIMEOUT]
+        assert len(slow) == 1, [answer.elapsed for answer in together]
+        assert server.log_tail(200000).count("doorbell not rung") == 2
+        for answer in [first, *later, *together]:
+            run = status_of(acme_api, answer.json()["id"], "succeeded")
             assert run["result"] == {"said": 2, "messages": 2}
     finally:
         server.stop()
+
+
+def _post(server_url: str) -> requests.Response:
+    answer = requests.post(f"{server_url}/api/v1/runs", timeout=60, json={
+        "agent": "chatter", "input": {"steps": 2}},
+        headers={"Authorization": f"Bearer {os.environ['TEST_ACME_KEY']}"})
+    assert answer.status_code == 201, answer.text
+    return answer
