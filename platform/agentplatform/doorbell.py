@@ -30,20 +30,27 @@ log = logging.getLogger(__name__)
 # an error the broker answered with (out of memory, read-only, an ACL) or a bug's is one
 # send's failure, not the broker away.
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+# How long the others skip while one caller probes, if the probe never ends (its thread died
+# mid-send): the longest a send can take, kombu's two connect retries (2 s and 4 s apart)
+# and its timeouts included, with room to spare.
+PROBE_BACKSTOP_SECONDS = 30.0
 
 
 class _Breaker:
     """Whether this process takes the broker to be away. After a send or an ask failed for want
     of it, robust rings are unrung and asks answered None without trying, for
     BROKER_AWAY_SECONDS; then one caller at a time probes it (the others still skip) until one
-    gets through, which closes the breaker, or fails, which opens it again. So a broker that
-    hangs costs one request per window its socket timeouts, not every thread's request in turn,
-    and one that is back is used again at its first success."""
+    gets through or the broker answers with an error, which closes the breaker, or one fails to
+    reach it, which opens it again; a probe that ends without a word on the broker (its message
+    could not be encoded, it was interrupted) hands the probe to the next caller. So a broker
+    that hangs costs one request per window its timeouts, not every thread's request in turn,
+    and one that is back is used again at once."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._open = False  # read without the lock on the way in: a stale False costs a try
         self._until = 0.0  # time.monotonic() until which callers skip
+        self._prober: int | None = None  # the thread probing, while one does
 
     def away(self) -> bool:
         """Whether the broker is away (moments ago, or being probed), without taking a probe."""
@@ -51,7 +58,8 @@ class _Breaker:
 
     def skip(self) -> bool:
         """Whether to skip the broker now: True while it is away; False to go ahead, and if the
-        window has passed, this caller is the probe (the others skip until it is done)."""
+        window has passed, this caller is the probe (the others skip until it is done: the
+        caller ends it with `failed`, `answered` or, at the latest, `probe_over`)."""
         if not self._open:
             return False
         with self._lock:
@@ -60,25 +68,39 @@ class _Breaker:
                 return False
             if now < self._until:
                 return True
-            # the probe's longest try: a connect and a read, and redis-py's pause between
-            # two connect attempts, each within the socket timeout
-            self._until = now + 3 * settings.BROKER_SOCKET_TIMEOUT + 1
+            self._prober = threading.get_ident()
+            self._until = now + PROBE_BACKSTOP_SECONDS  # if it never says (a thread killed)
             return False
 
     def failed(self, exc: BaseException) -> bool:
-        """Open the breaker if `exc` says the broker is unreachable; whether it did."""
-        unreachable = isinstance(exc, _UNREACHABLE) or (
-            isinstance(exc, OperationalError) and isinstance(exc.__cause__, _UNREACHABLE))
-        if unreachable:
+        """What `exc` says of the broker: unreachable (a connection refused, reset or timed
+        out), which opens the breaker, the only case that returns True; answering (an error
+        Redis sent: out of memory, read-only, an ACL), which closes it; or nothing (an error of
+        ours before it was reached), which ends this thread's probe, if it was one."""
+        cause = exc.__cause__ if isinstance(exc, OperationalError) else exc
+        if isinstance(cause, _UNREACHABLE):
             with self._lock:
-                self._open = True
+                self._open, self._prober = True, None
                 self._until = time.monotonic() + settings.BROKER_AWAY_SECONDS
-        return unreachable
+            return True
+        if isinstance(cause, redis.RedisError):
+            self.answered()
+        else:
+            self.probe_over()
+        return False
 
     def answered(self) -> None:
         if self._open:
             with self._lock:
-                self._open = False
+                self._open, self._prober = False, None
+
+    def probe_over(self) -> None:
+        """This thread's probe, if it took one and nothing ended it, is over: the next caller
+        probes."""
+        if self._prober == threading.get_ident():
+            with self._lock:
+                if self._prober == threading.get_ident():
+                    self._prober, self._until = None, time.monotonic()
 
 
 _breaker = _Breaker()
@@ -136,35 +158,42 @@ def doorbell_ring_all(rings: Sequence[Ring], *, robust: bool = False) -> None:
                 if each.unrung is not None:
                     each.unrung()
             return
-        for index, ring in enumerate(rings):
-            headers = {"_schema_name": ring.schema}
-            if ring.traceparent:
-                headers["traceparent"] = ring.traceparent
-            try:
-                with trace_attached(ring.traceparent):
-                    # No result is ever read: without ignore_result Celery subscribes the
-                    # sender to the task's result channel (a round trip per send, one
-                    # subscription kept per task, ~20 s of reconnecting when Redis is away)
-                    app.send_task(ring.task_name, args=ring.args, headers=headers,
-                                  ignore_result=True, retry=False)
-            except Exception as exc:
-                away = _breaker.failed(exc)
-                if not robust:
-                    raise
-                unsent = rings[index:] if away else [ring]
-                log.warning("%s%s%s: doorbell not rung; the sweep sends %s", ring.task_name,
-                            ring.args, f" and {len(unsent) - 1} more" if away else "",
-                            "them" if away else "it", exc_info=True)
-                for each in unsent:
-                    if each.unrung is not None:
-                        each.unrung()
-                if away:
-                    return
-            else:
-                _breaker.answered()
+        try:
+            for index, ring in enumerate(rings):
+                try:
+                    _send(ring)
+                except Exception as exc:
+                    away = _breaker.failed(exc)
+                    if not robust:
+                        raise
+                    unsent = rings[index:] if away else [ring]
+                    log.warning("%s%s%s: doorbell not rung; the sweep sends %s", ring.task_name,
+                                ring.args, f" and {len(unsent) - 1} more" if away else "",
+                                "them" if away else "it", exc_info=True)
+                    for each in unsent:
+                        if each.unrung is not None:
+                            each.unrung()
+                    if away:
+                        return
+                else:
+                    _breaker.answered()
+        finally:
+            _breaker.probe_over()
 
     if rings:
         transaction.on_commit(send)
+
+
+def _send(ring: Ring) -> None:
+    headers = {"_schema_name": ring.schema}
+    if ring.traceparent:
+        headers["traceparent"] = ring.traceparent
+    with trace_attached(ring.traceparent):
+        # No result is ever read: without ignore_result Celery subscribes the sender to the
+        # task's result channel (a round trip per send, one subscription kept per task, ~20 s
+        # of reconnecting when Redis is away)
+        app.send_task(ring.task_name, args=ring.args, headers=headers, ignore_result=True,
+                      retry=False)
 
 
 def doorbell_waiting(task_name: str) -> int | None:
@@ -175,18 +204,21 @@ def doorbell_waiting(task_name: str) -> int | None:
         return None
     queue = (task_route(task_name, None, None, {}) or {}).get(
         "queue", settings.CELERY_TASK_DEFAULT_QUEUE)
-    with app.pool.acquire(block=True) as broker:
-        try:
-            broker.ensure_connection(max_retries=0)
-            waiting = broker.default_channel.queue_declare(queue=queue, passive=True).message_count
-        except ChannelError:  # Redis keeps no empty list: no such queue is an empty one
-            waiting = 0
-        except (OperationalError, *_UNREACHABLE, *broker.connection_errors) as exc:
-            broker.collect()  # a connection that broke is not handed to the next caller
-            _breaker.failed(exc)
-            return None
-        except Exception:  # it answered with an error (a Redis ACL without EXISTS or LLEN)
-            log.warning("the broker cannot say what waits in %s", queue, exc_info=True)
-            return None
-    _breaker.answered()
-    return waiting
+    try:
+        with app.pool.acquire(block=True) as broker:
+            try:
+                broker.ensure_connection(max_retries=0)
+                waiting = broker.default_channel.queue_declare(queue=queue,
+                                                               passive=True).message_count
+            except ChannelError:  # Redis keeps no empty list: no such queue is an empty one
+                waiting = 0
+            except Exception as exc:
+                broker.collect()  # a connection that failed is not handed to the next caller
+                if not _breaker.failed(exc):  # it answered with an error (a Redis ACL
+                    # without EXISTS or LLEN), or the error is ours
+                    log.warning("the broker cannot say what waits in %s", queue, exc_info=True)
+                return None
+        _breaker.answered()
+        return waiting
+    finally:
+        _breaker.probe_over()

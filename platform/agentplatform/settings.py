@@ -274,14 +274,14 @@ CELERY_TASK_TENANT_CACHE_SECONDS = env.int("CELERY_TENANT_CACHE_SECONDS", defaul
 # what a dead worker held; and a redelivered message only rings the doorbell: the lease claim
 # and epoch fencing make a second delivery harmless (docs/decisions/0002-leases.md).
 # A broker that hangs (it accepts a connection and never answers: a stopped process, a link
-# cut without a reset) fails a send or an ask in one of these on a connection already made, two
-# or three on a new one (its check, redis-py's pause, its one retry: 4 s at 1, 6 s at 2) instead
-# of holding the request or the worker forever; a send that fails leaves its run for the
-# dispatcher's tick.
+# cut without a reset) fails a send or an ask in one of these on a connection already made; on a
+# new one kombu's connect retries (2 s apart, then 4) add theirs: measured 4 s at 1, 6 s at 2,
+# 7.5 s at 0.5, and 6 s for a broker that refuses connections, whatever this is. Never forever:
+# the request or the worker goes on, and a send that fails leaves its run for the tick.
 BROKER_SOCKET_TIMEOUT = env.float("BROKER_SOCKET_TIMEOUT", default=2.0)
-# After the broker failed (unreachable) one of its sends or asks, a process tries no robust ring
-# nor ask for this long, and then one at a time until one gets through: those runs are left
-# for the dispatcher's tick (agentplatform/doorbell.py).
+# After the broker could not be reached for one of its sends or asks, a process tries no robust
+# ring nor ask for this long, and then one caller at a time (agentplatform/doorbell.py): those
+# runs are left for the dispatcher's tick.
 BROKER_AWAY_SECONDS = env.float("BROKER_AWAY_SECONDS", default=5.0)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600,
                                    "socket_timeout": BROKER_SOCKET_TIMEOUT,

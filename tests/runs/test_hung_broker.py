@@ -1,7 +1,7 @@
 """A broker that hangs holds nothing up. A Redis stopped with SIGSTOP still accepts connections
 (the kernel does) and never answers: before BROKER_SOCKET_TIMEOUT, a POST whose run's task went
 to it waited forever on the send, and so did a worker asking it what waits. Now the send fails
-in two or three timeouts, the POST answers, the process tries the broker for none of its next
+in seconds, the POST answers, the process tries the broker for none of its next
 POSTs for BROKER_AWAY_SECONDS and then for one at a time, and the dispatcher's tick (its
 process's broker answers) sends the runs."""
 
@@ -73,7 +73,8 @@ def test_posts_answer_while_their_broker_hangs_and_their_runs_are_sent_later(
         time.sleep(max(0.0, away_ends - time.monotonic()))
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(_post, [server.url] * 4))
-        slow = [answer for answer in together if answer.elapsed.total_seconds() >= TIMEOUT]
+        # (a probe waits 4 s: two timeouts and kombu's pause; 2 s leaves room for a busy machine)
+        slow = [answer for answer in together if answer.elapsed.total_seconds() >= 2 * TIMEOUT]
         assert len(slow) == 1, [answer.elapsed for answer in together]
         assert server.log_tail(200000).count("doorbell not rung") == 2
         for answer in [first, *later, *together]:
