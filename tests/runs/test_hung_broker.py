@@ -73,7 +73,7 @@ def test_posts_answer_while_their_broker_hangs_and_their_runs_are_sent_later(
         time.sleep(max(0.0, away_ends - time.monotonic()))
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(_post, [server.url] * 4))
-        # (a probe waits 4 s: two timeouts and kombu's pause; 2 s leaves room for a busy machine)
+        # (a probe waits 4 s: its timeouts and kombu's connect retries; 2 s leaves room for a busy machine)
         slow = [answer for answer in together if answer.elapsed.total_seconds() >= 2 * TIMEOUT]
         assert len(slow) == 1, [answer.elapsed for answer in together]
         assert server.log_tail(200000).count("doorbell not rung") == 2
