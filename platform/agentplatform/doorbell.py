@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 # an error the broker answered with (out of memory, read-only, an ACL) or a bug's is one
 # send's failure, not the broker away.
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
-# How long the others skip while one caller probes, if the probe never ends (its thread died
-# mid-send): the longest a send can take, kombu's two connect retries (2 s and 4 s apart)
-# and its timeouts included, with room to spare.
-PROBE_BACKSTOP_SECONDS = 30.0
 
 
 class _Breaker:
@@ -41,52 +37,54 @@ class _Breaker:
     of it, robust rings are unrung and asks answered None without trying, for
     BROKER_AWAY_SECONDS; then one caller at a time probes it (the others still skip) until one
     gets through or the broker answers with an error, which closes the breaker, or one fails to
-    reach it, which opens it again; a probe that ends without a word on the broker (its message
-    could not be encoded, it was interrupted) hands the probe to the next caller. So a broker
-    that hangs costs one request per window its timeouts, not every thread's request in turn,
-    and one that is back is used again at once."""
+    reach it, which opens another window; a probe that ends without a word on the broker (its
+    message could not be encoded, it was interrupted) hands the probe to the next caller. So a
+    broker that hangs costs one request per window its timeouts, not every thread's request in
+    turn, and one that is back is used again at once."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._open = False  # read without the lock on the way in: a stale False costs a try
         self._until = 0.0  # time.monotonic() until which callers skip
         self._prober: int | None = None  # the thread probing, while one does
+        self._probe_until = 0.0  # and until when at most, if it never says (its thread died)
 
     def away(self) -> bool:
         """Whether the broker is away (moments ago, or being probed), without taking a probe."""
-        return self._open and time.monotonic() < self._until
+        if not self._open:
+            return False
+        now = time.monotonic()
+        return now < self._until or (self._prober is not None and now < self._probe_until)
 
     def skip(self) -> bool:
         """Whether to skip the broker now: True while it is away; False to go ahead, and if the
         window has passed, this caller is the probe (the others skip until it is done: the
-        caller ends it with `failed`, `answered` or, at the latest, `probe_over`)."""
+        caller ends it in a `finally` with `probe_over`, if nothing said more)."""
         if not self._open:
             return False
         with self._lock:
-            now = time.monotonic()
-            if not self._open:
+            if not self.away():
+                if self._open:
+                    self._prober = threading.get_ident()
+                    self._probe_until = time.monotonic() + _probe_longest()
                 return False
-            if now < self._until:
-                return True
-            self._prober = threading.get_ident()
-            self._until = now + PROBE_BACKSTOP_SECONDS  # if it never says (a thread killed)
-            return False
+            return True
 
     def failed(self, exc: BaseException) -> bool:
         """What `exc` says of the broker: unreachable (a connection refused, reset or timed
-        out), which opens the breaker, the only case that returns True; answering (an error
-        Redis sent: out of memory, read-only, an ACL), which closes it; or nothing (an error of
-        ours before it was reached), which ends this thread's probe, if it was one."""
+        out, a login refused, Redis still loading), which opens another window and is the only
+        case that returns True; answering (an error Redis sent: out of memory, read-only, an
+        ACL), which closes the breaker; or nothing (an error of ours before it was reached)."""
         cause = exc.__cause__ if isinstance(exc, OperationalError) else exc
         if isinstance(cause, _UNREACHABLE):
             with self._lock:
-                self._open, self._prober = True, None
+                self._open = True
                 self._until = time.monotonic() + settings.BROKER_AWAY_SECONDS
+                if self._prober == threading.get_ident():
+                    self._prober = None
             return True
         if isinstance(cause, redis.RedisError):
             self.answered()
-        else:
-            self.probe_over()
         return False
 
     def answered(self) -> None:
@@ -95,12 +93,18 @@ class _Breaker:
                 self._open, self._prober = False, None
 
     def probe_over(self) -> None:
-        """This thread's probe, if it took one and nothing ended it, is over: the next caller
-        probes."""
+        """This thread's probe, if it holds one, is over: the next caller probes."""
         if self._prober == threading.get_ident():
             with self._lock:
                 if self._prober == threading.get_ident():
-                    self._prober, self._until = None, time.monotonic()
+                    self._prober = None
+
+
+def _probe_longest() -> float:
+    """How long the others skip while one caller probes, if it never says (its thread died
+    mid-send): longer than a send can take (kombu's connect retries, 2 s and 4 s apart, and two
+    or three socket timeouts: 4-7.5 s measured), with room to spare."""
+    return 10 + 4 * settings.BROKER_SOCKET_TIMEOUT
 
 
 _breaker = _Breaker()
