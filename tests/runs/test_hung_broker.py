@@ -58,13 +58,15 @@ def test_posts_answer_while_their_broker_hangs_and_their_runs_are_sent_later(
     }).start()
     try:
         # Without the socket timeout the first request never got an answer: 60 s is a bound
-        # on a hang, not a measure of speed (the send gives up after two or three timeouts).
+        # on a hang, not a measure of speed (the send gives up in seconds).
         first = _post(server.url)
         away_ends = time.monotonic() + AWAY  # at the latest: the send failed before it answered
         assert first.elapsed.total_seconds() >= TIMEOUT  # it did wait on the broker
-        # The next two try nothing (the broker was away moments ago): not even a pick
+        # The next two try nothing (the broker was away moments ago): not even a pick. (A try
+        # waits 4 s: its timeouts and kombu's connect retries; 2 s leaves room for a busy
+        # machine, here and below.)
         later = [_post(server.url) for _ in range(2)]
-        assert all(answer.elapsed.total_seconds() < TIMEOUT for answer in later), later
+        assert all(answer.elapsed.total_seconds() < 2 * TIMEOUT for answer in later), later
         log = server.log_tail(200000)
         assert log.count("doorbell not rung") == 1, log
         assert "Timeout" in log
@@ -73,7 +75,6 @@ def test_posts_answer_while_their_broker_hangs_and_their_runs_are_sent_later(
         time.sleep(max(0.0, away_ends - time.monotonic()))
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(_post, [server.url] * 4))
-        # (a probe waits 4 s: its timeouts and kombu's connect retries; 2 s leaves room for a busy machine)
         slow = [answer for answer in together if answer.elapsed.total_seconds() >= 2 * TIMEOUT]
         assert len(slow) == 1, [answer.elapsed for answer in together]
         assert server.log_tail(200000).count("doorbell not rung") == 2
