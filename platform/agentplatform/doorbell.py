@@ -63,12 +63,12 @@ class _Breaker:
         if not self._open:
             return False
         with self._lock:
-            if not self.away():
-                if self._open:
-                    self._prober = threading.get_ident()
-                    self._probe_until = time.monotonic() + _probe_longest()
-                return False
-            return True
+            if self.away():
+                return True
+            if self._open:  # (not closed meanwhile)
+                self._prober = threading.get_ident()
+                self._probe_until = time.monotonic() + _probe_longest()
+            return False
 
     def failed(self, exc: BaseException) -> bool:
         """What `exc` says of the broker: unreachable (a connection refused, reset or timed
