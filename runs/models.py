@@ -2,6 +2,13 @@
 
 RunEvent and LogEntry are append-only: a trigger refuses UPDATE and DELETE unless the
 transaction set `agentplatform.allow_prune = 'on'` (only the retention job does).
+
+HISTORY_HELD_BY_RUN: checkpoints and log entries, a step's rows, have no foreign key to their
+run in the database; its check cost every step ~8% of its time (docs/decisions/0027). Their
+run is held instead by whoever writes them, in the same transaction: `run_start` inserts it in
+the same statement, the checkpoint statement locks it FOR SHARE (its fence), a wake-up locks it
+FOR UPDATE, a fork creates it; and the archive pass locks the runs it prunes FOR UPDATE before
+it reads their rows. So no such row outlives its run, or is written for a run that is gone.
 """
 
 import uuid
@@ -132,9 +139,10 @@ class Checkpoint(AppendOnly):
     (migration 0010)."""
 
     pk = models.CompositePrimaryKey("run_id", "visit")
-    # db_index=False: the primary key's index already serves lookups by run.
+    # db_index=False: the primary key's index already serves lookups by run. No foreign key in
+    # the database (HISTORY_HELD_BY_RUN): every writer holds the run's row.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints",
-                            db_index=False)
+                            db_index=False, db_constraint=False)
     visit = models.PositiveIntegerField()
     step = models.CharField(max_length=100, null=True)  # next step to run; null when ended
     state = models.JSONField(default=dict)
@@ -152,8 +160,9 @@ class LogEntry(AppendOnly):
     on (run, log, index), like a checkpoint on its natural key."""
 
     pk = models.CompositePrimaryKey("run_id", "log", "index")
+    # the primary key's index serves it; no foreign key in the database (HISTORY_HELD_BY_RUN)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log_entries",
-                            db_index=False)  # the primary key's index serves it
+                            db_index=False, db_constraint=False)
     log = models.CharField(max_length=64)
     index = models.PositiveIntegerField()
     visit = models.PositiveIntegerField()
