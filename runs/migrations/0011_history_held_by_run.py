@@ -2,11 +2,16 @@
 holds the run's row in its own transaction instead, and the keys' checks cost each step ~8% of
 its time (docs/decisions/0027-history-held-by-run.md, runs/models.py HISTORY_HELD_BY_RUN).
 
-Dropping a foreign key is a catalog change, but it takes an ACCESS EXCLUSIVE lock on both
-tables, the run table included: each drop waits at most LOCK_TIMEOUT for it (behind a long
-transaction, queued writers would wait on the migration), and is retried. Safe in a rolling
-deploy: a worker on the previous code writes the same rows. Backward adds the keys again
-NOT VALID (a catalog change) and validates them after, which locks no writer out."""
+Dropping (or adding) a foreign key is a catalog change, but it locks both tables, the run table
+included. One short transaction takes those locks first, in the order the writers take them
+(the run table, then the history tables: a writer that holds a run's row and then inserts its
+checkpoint would otherwise deadlock with it), waits at most LOCK_TIMEOUT for them (behind a
+long transaction, queued writers would wait on the migration), and is retried on a timeout or
+a deadlock. Inside a caller's transaction (a new tenant's schema, its tables just made and
+empty) it runs once, as is. Safe in a rolling deploy: a worker on the previous code writes the
+same rows, and its prepared statements are planned again. Backward adds the keys NOT VALID,
+then validates each one not valid yet (a scan that locks out no writer), so a run interrupted
+between the two finishes the next time."""
 
 import time
 
@@ -15,29 +20,33 @@ from django.db import OperationalError, migrations, models, transaction
 TABLES = ("runs_checkpoint", "runs_logentry")
 RUNS = "runs_run"
 LOCK_TIMEOUT, ATTEMPTS = "3s", 20
-LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
+RETRIED = {"55P03", "40P01"}  # lock_timeout expired; deadlock
 
 
-def _keys(cursor, schema: str, table: str) -> list[str]:
-    """The foreign keys from `table` to the run table."""
-    cursor.execute("SELECT conname FROM pg_constraint WHERE contype = 'f' "
+def _keys(cursor, schema: str, table: str) -> dict[str, bool]:
+    """The foreign keys from `table` to the run table, each with whether it is validated."""
+    cursor.execute("SELECT conname, convalidated FROM pg_constraint WHERE contype = 'f' "
                    "AND conrelid = %s::regclass AND confrelid = %s::regclass",
                    [f'"{schema}".{table}', f'"{schema}".{RUNS}'])
-    return [name for (name,) in cursor.fetchall()]
+    return dict(cursor.fetchall())
 
 
-def _briefly(connection, statement: str) -> None:
-    """`statement` in a transaction of its own that waits at most LOCK_TIMEOUT for its locks,
-    retried; inside a caller's transaction (a new tenant's schema), in that one."""
+def _locked(connection, schema: str, statements) -> None:
+    """`statements(cursor)` in a transaction that first locks the run table, then the history
+    tables, waiting at most LOCK_TIMEOUT; retried."""
+    tables = ", ".join(f'"{schema}".{table}' for table in (RUNS, *TABLES))
+    own = not connection.in_atomic_block
     for attempt in range(1, ATTEMPTS + 1):
         try:
             with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                cursor.execute(statement)
+                if own:  # SET LOCAL would outlive a savepoint, in the caller's transaction
+                    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cursor.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE")
+                statements(cursor)
             return
         except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE \
-                    or attempt == ATTEMPTS or connection.in_atomic_block:
+            if getattr(exc.__cause__, "sqlstate", None) not in RETRIED \
+                    or attempt == ATTEMPTS or not own:
                 raise
             time.sleep(min(attempt, 5))
 
@@ -45,30 +54,37 @@ def _briefly(connection, statement: str) -> None:
 def forward(apps, schema_editor) -> None:
     connection = schema_editor.connection
     schema = connection.schema_name
-    for table in TABLES:
-        with connection.cursor() as cursor:
-            names = _keys(cursor, schema, table)
-        for name in names:
-            _briefly(connection, f'ALTER TABLE "{schema}".{table} DROP CONSTRAINT "{name}"')
+
+    def drop(cursor):
+        for table in TABLES:
+            for name in _keys(cursor, schema, table):
+                cursor.execute(f'ALTER TABLE "{schema}".{table} DROP CONSTRAINT "{name}"')
+
+    _locked(connection, schema, drop)
 
 
 def backward(apps, schema_editor) -> None:
     connection = schema_editor.connection
     schema = connection.schema_name
+
+    def add(cursor):
+        for table in TABLES:
+            if not _keys(cursor, schema, table):
+                cursor.execute(
+                    f'ALTER TABLE "{schema}".{table} ADD CONSTRAINT "{table}_run_id_fk_{RUNS}_id" '
+                    f'FOREIGN KEY (run_id) REFERENCES "{schema}".{RUNS} (id) '
+                    "DEFERRABLE INITIALLY DEFERRED NOT VALID")
+
+    _locked(connection, schema, add)
     for table in TABLES:
-        name = f"{table}_run_id_fk_{RUNS}_id"
         with connection.cursor() as cursor:
-            if _keys(cursor, schema, table):
-                continue
-        _briefly(connection, f'ALTER TABLE "{schema}".{table} ADD CONSTRAINT "{name}" '
-                             f'FOREIGN KEY (run_id) REFERENCES "{schema}".{RUNS} (id) '
-                             "DEFERRABLE INITIALLY DEFERRED NOT VALID")
-        with connection.cursor() as cursor:  # a scan, under a lock that blocks no writer
-            cursor.execute(f'ALTER TABLE "{schema}".{table} VALIDATE CONSTRAINT "{name}"')
+            for name, valid in _keys(cursor, schema, table).items():
+                if not valid:  # a scan, under a lock that blocks no writer
+                    cursor.execute(f'ALTER TABLE "{schema}".{table} VALIDATE CONSTRAINT "{name}"')
 
 
 class Migration(migrations.Migration):
-    atomic = False  # a transaction per drop, each short
+    atomic = False  # one short transaction for the locks; the validation outside it
     dependencies = [("runs", "0010_natural_keys")]
 
     operations = [

@@ -76,6 +76,8 @@ def test_a_checkpoint_that_waits_for_the_archive_finds_its_run_gone(
     outcome, threads = [], []
 
     def race(run_id):  # the run is archived, not pruned yet: its row is locked
+        if run_id != raced.id or threads:
+            return
         threads.append(_writing(in_acme, raced, outcome))
         _until(lambda: outcome and _waiting_on_a_lock(outcome[0]),
                "the checkpoint's fence waits for the archive's lock")
