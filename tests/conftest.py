@@ -269,13 +269,14 @@ def own_workers(_session_worker):
 @pytest.fixture
 def start_worker(celery_queue_clean, s3, beat, outbox_worker):
     """Start extra workers for one test (`env`: settings of their own); all are stopped
-    afterwards."""
+    afterwards. `ready=False` returns at once, without waiting for the worker to answer."""
     started = []
 
-    def start(name: str, concurrency: int = 1, env: dict | None = None) -> Worker:
+    def start(name: str, concurrency: int = 1, env: dict | None = None,
+              ready: bool = True) -> Worker:
         process = Worker(f"{name}-{time.monotonic_ns()}", concurrency, env)
         started.append(process)
-        return process.wait_ready()
+        return process.wait_ready() if ready else process
 
     yield start
     for process in started:

@@ -92,7 +92,9 @@ def approval_decide(*, approval_id: UUID, approve: bool, by: str, comment: str =
         run_id = Approval.objects.filter(id=approval_id).values_list("run_id", flat=True).first()
         if run_id is None:
             raise ApprovalError("not_found", "No such approval.")
-        run = Run.objects.select_for_update().get(id=run_id)  # the run row first (decision 0008)
+        run = Run.objects.select_for_update().filter(id=run_id).first()  # first (decision 0008)
+        if run is None:  # archived since the read above: its approvals are closed history
+            raise ApprovalError("not_found", "No such approval.")
         approval = Approval.objects.select_for_update().get(id=approval_id)
         if approval.status != Approval.Status.PENDING:
             raise ApprovalError("approval_closed", f"This approval is already {approval.status}.")

@@ -130,7 +130,8 @@ def test_many_runs_with_random_worker_kills_each_effect_happens_once(
                                      what="a worker holding a run mid-step"))
         victim.kill()
         workers.remove(victim)
-        workers.append(start_worker(f"soak-{kills}"))
+        # not waited for: the others hold runs meanwhile, and a start takes seconds of its own
+        workers.append(start_worker(f"soak-{kills}", ready=False))
         kills += 1
     hold.unlink()
     wait_for(lambda: Run.objects.filter(id__in=runs, status="succeeded").count() == 200,

@@ -52,15 +52,22 @@ def _orphan_checkpoint() -> None:
                               log_offsets={}, agent_version=1, topology_hash="x")
 
 
-@pytest.fixture
-def in_fresh_tenant(s3):
-    tenant = tenant_create(schema_name=f"histkeys{uuid.uuid4().hex[:8]}").tenant
-    try:
-        connection.set_tenant(tenant)
+@pytest.fixture(scope="module")
+def fresh_tenant(django_db_setup, django_db_blocker, s3):
+    with django_db_blocker.unblock():
+        tenant = tenant_create(schema_name=f"histkeys{uuid.uuid4().hex[:8]}").tenant
+        connection.set_schema_to_public()
         yield tenant
-    finally:
         connection.set_schema_to_public()
         tenant_delete(tenant=tenant)
+
+
+@pytest.fixture
+def in_fresh_tenant(fresh_tenant):  # its schema at 0011 (where each test leaves it)
+    connection.set_tenant(fresh_tenant)
+    _migrate(AFTER)
+    yield fresh_tenant
+    _migrate(AFTER)
 
 
 def test_the_keys_go_forward_and_come_back_validated(in_fresh_tenant):
