@@ -4,7 +4,6 @@ runs it prunes before it reads their rows, so a checkpoint being written keeps i
 until a later pass, and one that waited for the pass finds no run: none outlives its run."""
 
 import threading
-import time
 
 from django.db import connection, connections, transaction
 from django_tenants.utils import tenant_context
@@ -17,6 +16,7 @@ from runs.retention import services
 from runs.retention.models import Archive
 from tests.retention.test_archive import hot_rows
 from tests.retention.test_failures import oldest_runs
+from tests.support.waiting import wait_for
 
 DEADLINE = 20
 
@@ -42,13 +42,6 @@ def _waiting_on_a_lock(pid: int) -> bool:
         cursor.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s AND NOT granted)",
                        [pid])
         return cursor.fetchone()[0]
-
-
-def _until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {DEADLINE} s: {what}"
-        time.sleep(0.02)
 
 
 def _writing(tenant, run: Run, outcome: list, **events) -> threading.Thread:
@@ -79,8 +72,8 @@ def test_a_checkpoint_that_waits_for_the_archive_finds_its_run_gone(
         if run_id != raced.id or threads:
             return
         threads.append(_writing(in_acme, raced, outcome))
-        _until(lambda: outcome and _waiting_on_a_lock(outcome[0]),
-               "the checkpoint's fence waits for the archive's lock")
+        wait_for(lambda: outcome and _waiting_on_a_lock(outcome[0]), timeout=DEADLINE,
+                 interval=0.02, what="the checkpoint's fence to wait for the archive's lock")
 
     monkeypatch.setattr(services, "after_upload", race)
     report = archive_pass()
