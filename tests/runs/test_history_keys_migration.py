@@ -9,15 +9,13 @@ import threading
 import time
 import uuid
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from runs.models import Checkpoint
 from tenants.services import tenant_create, tenant_delete
-from tests.support.runs import finished, start
+from tests.support.runs import finished, other_connection, start
 
 BEFORE, AFTER = ("runs", "0010_natural_keys"), ("runs", "0011_history_held_by_run")
 
@@ -35,14 +33,8 @@ def _keys() -> dict[str, bool]:
         return dict(cursor.fetchall())
 
 
-def _dsn() -> str:
-    db = settings.DATABASES["default"]
-    return (f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} "
-            f"user={db['USER'] or 'postgres'} dbname={db['NAME']}")
-
-
 def _waiting_on_a_lock(pid: int) -> bool:
-    with psycopg.connect(_dsn()) as watcher:
+    with other_connection() as watcher:
         return watcher.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s "
                                "AND NOT granted)", [pid]).fetchone()[0]
 
@@ -95,7 +87,7 @@ def test_a_writer_holding_a_run_while_it_reads_its_checkpoints_is_waited_for(in_
     holding, seen = threading.Event(), []
 
     def writer():
-        with psycopg.connect(_dsn()) as conn:
+        with other_connection() as conn, conn.transaction():
             conn.execute(f'SELECT FROM "{schema}".runs_run WHERE id = %s FOR UPDATE', [run.id])
             holding.set()
             deadline = time.monotonic() + 20
