@@ -108,9 +108,17 @@ def test_outbox_is_delivered_with_retries_and_its_status_is_visible(
     assert status["outbox"][0]["status"] == "delivered" and status["effects"][0]["name"] == "charge"
 
 
+# Ten kills, ten worker starts at once and another shard's tests share two cores: a run may be
+# claimed again and again (killed holders, heartbeats starved past the 3 s lease) before its
+# step reaches a checkpoint. Parking it as a poison step would be right (tests/runs/test_poison.py)
+# but is not what this soak is about, so its workers tolerate more claims.
+SOAK_ENV = {"RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT": "50"}
+
+
 def test_many_runs_with_random_worker_kills_each_effect_happens_once(
-        in_acme, receiver, worker, start_worker, tmp_path):
-    workers = [worker, start_worker("soak-a"), start_worker("soak-b")]
+        in_acme, receiver, own_workers, start_worker, tmp_path):
+    workers = [start_worker("soak-a", concurrency=2, env=SOAK_ENV),
+               start_worker("soak-b", env=SOAK_ENV), start_worker("soak-c", env=SOAK_ENV)]
     rng = random.Random(7)
     hold = tmp_path / "hold"  # runs stay mid-step (once each) until every kill has landed
     hold.touch()
@@ -131,11 +139,17 @@ def test_many_runs_with_random_worker_kills_each_effect_happens_once(
         victim.kill()
         workers.remove(victim)
         # not waited for: the others hold runs meanwhile, and a start takes seconds of its own
-        workers.append(start_worker(f"soak-{kills}", ready=False))
+        workers.append(start_worker(f"soak-{kills}", env=SOAK_ENV, ready=False))
         kills += 1
     hold.unlink()
-    wait_for(lambda: Run.objects.filter(id__in=runs, status="succeeded").count() == 200,
-             timeout=300, interval=0.5, what="all 200 runs to finish")
+
+    def all_succeeded():
+        left = Run.objects.filter(id__in=runs).exclude(status="succeeded")
+        stopped = list(left.exclude(status__in=["queued", "running"]).values_list("status", "error"))
+        assert not stopped, f"runs stopped short of success: {stopped[:3]}"
+        return not left.exists()
+
+    wait_for(all_succeeded, timeout=300, interval=0.5, what="all 200 runs to finish")
     assert kills >= 10
     keys = set(Effect.objects.filter(run_id__in=runs).values_list("idempotency_key", flat=True))
     assert len(keys) == 600
