@@ -16,8 +16,8 @@ class Archive(models.Model):
     """A run's history sealed into one S3 object, or the reason it is not there yet.
 
     ARCHIVED is written in the same transaction that prunes the run's hot rows, and only after
-    the uploaded object was read back and its sha256 matched; so a run is either hot or
-    verifiably archived. FAILED keeps the last error while the hot rows stay.
+    the store confirmed the upload's sha256 (or the object was read back and matched); so a run
+    is either hot or verifiably archived. FAILED keeps the last error while the hot rows stay.
     """
 
     class Status(models.TextChoices):

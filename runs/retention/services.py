@@ -3,11 +3,11 @@ TTL, prune old inbound events), restore for audit, and rotating a tenant's data 
 keys re-wrapped; credentials, Slack secrets and workspace snapshots re-sealed by their apps).
 
 Order of a chunk of runs' archival, all inside one transaction holding the runs' row locks:
-read their rows -> per run, concurrently: serialize -> seal -> upload -> read back and compare
-sha256 -> then, for the runs whose upload verified: Archive rows -> prune (counts checked per
-run). A run that fails anywhere gets no Archive row and no prune, so its hot rows stay; a crash
-rolls back the whole chunk. A re-run uploads to the same object key again, so no duplicate or
-orphan is left behind.
+read their rows -> per run, concurrently: serialize -> seal -> upload with its sha256, which the
+store checks (else read back and compare) -> then, for the runs whose upload verified: Archive
+rows -> prune (counts checked per run). A run that fails anywhere gets no Archive row and no
+prune, so its hot rows stay; a crash rolls back the whole chunk. A re-run uploads to the same
+object key again, so no duplicate or orphan is left behind.
 """
 
 import gzip
@@ -244,7 +244,7 @@ def uploads_verified(uploading: dict[Future, UUID], *,
 
 def run_upload(*, schema: str, run_id: UUID, rows: dict[str, list[dict]], version: int,
                client) -> Upload:
-    """One run's archive sealed under a fresh object key, uploaded, read back and checked.
+    """One run's archive sealed under a fresh object key, uploaded and checked.
     Runs in an upload thread: no database here."""
     sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
                            tenant=schema, run_id=str(run_id), key_version=version)

@@ -1,7 +1,8 @@
-"""The archive store: S3 objects written, read back and checked. Any S3 failure is one error,
-with a neutral message (it reaches the API and the Archive row); the S3 detail, which names the
-internal endpoint, goes to the log for operators."""
+"""The archive store: S3 objects written and checked (by the store as it takes them, else read
+back). Any S3 failure is one error, with a neutral message (it reaches the API and the Archive
+row); the S3 detail, which names the internal endpoint, goes to the log for operators."""
 
+import base64
 import hashlib
 import logging
 
@@ -30,15 +31,29 @@ def shared_client(*, concurrency: int = 1):
 
 
 def object_put_verified(*, key: str, blob: bytes, client=None) -> str:
-    """Upload, read back, and return the sha256 once the stored bytes are the uploaded ones.
-    `client`: a shared one (`shared_client()`), else one is made for this call."""
-    digest = hashlib.sha256(blob).hexdigest()
+    """Upload and return the blob's sha256 once the stored bytes are known to be the uploaded
+    ones: the PUT carries the SHA-256 (`x-amz-checksum-sha256`), which S3 checks against the
+    bytes it received before it stores them, refusing a mismatch (BadDigest), and names in its
+    answer. A store whose answer does not name that checksum (one that ignores the header) gets
+    the object read back and compared instead. `client`: a shared one (`shared_client()`), else
+    one is made for this call."""
+    raw = hashlib.sha256(blob).digest()
+    digest, checksum = raw.hex(), base64.b64encode(raw).decode()
     client = client or s3_client()
     try:
-        client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=blob,
-                          ContentType="application/octet-stream", Metadata={"sha256": digest})
+        put = client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=blob,
+                                ContentType="application/octet-stream", ChecksumSHA256=checksum,
+                                Metadata={"sha256": digest})
+        if put.get("ChecksumSHA256") == checksum:  # checked by the store as it took the bytes
+            return digest
         stored = client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
-    except (BotoCoreError, ClientError) as exc:
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "BadDigest":
+            raise ArchiveCorrupt(f"{key}: the store refused the upload: the bytes it received "
+                                 f"are not the {len(blob)} bytes sent") from exc
+        log.warning("S3 could not store %s: %s", key, exc)
+        raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
+    except BotoCoreError as exc:
         log.warning("S3 could not store %s: %s", key, exc)
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
     if hashlib.sha256(stored).hexdigest() != digest:

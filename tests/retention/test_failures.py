@@ -1,5 +1,7 @@
 """Failures: S3 down, a crash between upload and prune, and archives that must not be trusted."""
 
+import hashlib
+import io
 import socket
 from datetime import timedelta
 
@@ -121,8 +123,6 @@ def test_a_flipped_byte_is_refused(archived, in_acme, acme_api):
 
 
 def test_a_flipped_byte_is_refused_even_if_the_recorded_digest_was_changed_too(archived, in_acme):
-    import hashlib
-
     blob = bytearray(stored(archived.object_key))
     blob[-20] ^= 0x80
     overwrite(archived.object_key, bytes(blob))
@@ -178,3 +178,78 @@ def test_an_unreachable_store_answers_503_without_naming_the_internal_endpoint(
     assert "127.0.0.1" not in answer.content.decode() and "http" not in error["message"]
     assert down.split("//")[1] in caplog.text  # the operators' log has the detail
     assert other.status_code == 404  # globex: no such archive, store up or down
+
+
+# -- what "verified" rests on: the store checks the upload's SHA-256, else it is read back -------
+def counting_client(*, alter_put: bool = False, hide_checksum: bool = False):
+    """A real client of the test S3 whose botocore events count the GETs it makes and, asked
+    to, flip a byte of the PUT's body on its way out (after its checksum header was computed)
+    or drop the checksum from the store's answer (as a store that ignores it would)."""
+    client = store.shared_client()
+    gets = []
+
+    def flip(request, **kwargs):
+        body = bytearray(request.body.getvalue())  # botocore sends a BytesIO
+        body[len(body) // 2] ^= 0x01
+        request.body = io.BytesIO(bytes(body))
+
+    def hide(parsed, **kwargs):
+        parsed.pop("ChecksumSHA256", None)
+
+    client.meta.events.register("before-call.s3.GetObject", lambda **kwargs: gets.append(1))
+    if alter_put:
+        client.meta.events.register("before-send.s3.PutObject", flip)
+    if hide_checksum:
+        client.meta.events.register("after-call.s3.PutObject", lambda parsed, **kw: hide(parsed))
+    return client, gets
+
+
+def test_an_upload_the_store_confirmed_is_not_read_back(s3):
+    client, gets = counting_client()
+    blob = b"an archive" * 500
+    digest = store.object_put_verified(key="tenants/acme/archives/checked", blob=blob, client=client)
+    assert digest == hashlib.sha256(blob).hexdigest() and gets == []
+    assert store.object_get(key="tenants/acme/archives/checked") == blob
+
+
+def test_bytes_changed_on_the_way_are_refused_by_the_store_and_nothing_is_stored(s3):
+    client, _ = counting_client(alter_put=True)
+    with pytest.raises(ArchiveCorrupt, match="refused the upload"):
+        store.object_put_verified(key="tenants/acme/archives/flipped", blob=b"x" * 4000,
+                                  client=client)
+    assert store.objects_under(prefix="tenants/acme/archives/flipped") == []
+
+
+def test_a_store_that_does_not_confirm_the_checksum_gets_the_object_read_back(s3, monkeypatch):
+    client, gets = counting_client(hide_checksum=True)
+    blob = b"read me back" * 300
+    assert store.object_put_verified(key="tenants/acme/archives/unconfirmed", blob=blob,
+                                     client=client) == hashlib.sha256(blob).hexdigest()
+    assert gets == [1]
+    # ... and what it reads back must be what was sent: here another writer replaced it first
+    other = s3_client()
+
+    def replace(**kwargs):  # returns None: a value would stand in for the GET's answer
+        other.put_object(Bucket=settings.S3_BUCKET, Key="tenants/acme/archives/unconfirmed",
+                         Body=b"not it")
+
+    client.meta.events.register("before-call.s3.GetObject", replace)
+    with pytest.raises(ArchiveCorrupt, match="read back"):
+        store.object_put_verified(key="tenants/acme/archives/unconfirmed", blob=blob, client=client)
+
+
+def test_a_run_whose_upload_was_refused_stays_hot_and_the_next_pass_archives_it(
+        archive_pass, monkeypatch, in_acme):
+    run = oldest_runs(1)[0]
+    before, live = hot_rows(run.id), selectors.run_history(run_id=run.id)
+    altering, _ = counting_client(alter_put=True)
+    monkeypatch.setattr(store, "shared_client", lambda **kwargs: altering)
+    report = archive_pass()
+    assert report.failed >= 1 and hot_rows(run.id) == before
+    failed = Archive.objects.get(run_id=run.id)
+    assert failed.status == "failed" and "refused the upload" in failed.error
+    monkeypatch.undo()
+    archive_pass()
+    assert Archive.objects.get(run_id=run.id).status == "archived"
+    assert set(hot_rows(run.id).values()) == {0}
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
