@@ -105,11 +105,11 @@ def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | No
         return report
     concurrency = max(1, settings.RETENTION_UPLOAD_CONCURRENCY)
     chunk = max(1, settings.RETENTION_CHUNK_SIZE)
-    client = store.shared_client(concurrency=concurrency)  # one per pass: made once, shared
+    uploader = store.uploader_open(concurrency=concurrency)  # one per pass: made once, shared
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="archive-upload") as uploads:
         for start in range(0, len(due), chunk):
             done = runs_archive(tenant=tenant, due=due[start:start + chunk], uploads=uploads,
-                                client=client)
+                                uploader=uploader)
             for archive in done.archives:
                 if archive.status == Archive.Status.ARCHIVED:
                     report.archived += 1
@@ -145,10 +145,10 @@ ROWS_READ_AT_ONCE = 25
 
 
 def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], uploads: Executor,
-                 client) -> ChunkArchived:
+                 uploader: store.Uploader) -> ChunkArchived:
     """Archive finished runs (unless their policy says not to) and prune their hot rows, in one
     transaction holding their row locks (`SKIP LOCKED`: a run another pass holds is left to it).
-    Uploads run on `uploads`, sharing `client`; the Archive rows and the prune follow, for the
+    Uploads run on `uploads`, sharing `uploader`; the Archive rows and the prune follow, for the
     runs whose upload verified. A run whose upload fails, or whose rows changed since they were
     read, is recorded failed and stays hot; the others are archived all the same."""
     schema, policies = tenant.schema_name, dict(due)
@@ -176,7 +176,7 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
                     counts[run_id] = {table: len(table_rows) for table, table_rows in rows.items()}
                     if policies[run_id].archive_required:
                         uploading[uploads.submit(run_upload, schema=schema, run_id=run_id,
-                                                 rows=rows, version=version, client=client)] = run_id
+                                                 rows=rows, version=version, uploader=uploader)] = run_id
             fields = {run_id: {"status": Archive.Status.DISCARDED} for run_id in counts
                       if not policies[run_id].archive_required}
             for run_id, upload in uploads_verified(uploading, failures=done.failures).items():
@@ -243,13 +243,13 @@ def uploads_verified(uploading: dict[Future, UUID], *,
 
 
 def run_upload(*, schema: str, run_id: UUID, rows: dict[str, list[dict]], version: int,
-               client) -> Upload:
+               uploader: store.Uploader) -> Upload:
     """One run's archive sealed under a fresh object key, uploaded and checked.
     Runs in an upload thread: no database here."""
     sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
                            tenant=schema, run_id=str(run_id), key_version=version)
     key = store.object_key_for(schema=schema, run_id=run_id)
-    digest = store.object_put_verified(key=key, blob=sealed.blob, client=client)
+    digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
     return Upload(object_key=key, sha256=digest, size=len(sealed.blob), sealed_key=sealed.object_key)
 
 

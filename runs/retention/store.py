@@ -5,6 +5,8 @@ row); the S3 detail, which names the internal endpoint, goes to the log for oper
 import base64
 import hashlib
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
@@ -21,34 +23,78 @@ class ArchiveStoreUnavailable(ArchiveError):
     code = "archive_store_unavailable"
 
 
+# What a store answers when the bytes it received do not match the checksum the request
+# carries: the x-amz-checksum-sha256 header, or the signed payload's hash (S3 signs it over TLS
+# when a checksum header is given).
+DIGEST_REFUSED = ("BadDigest", "XAmzContentSHA256Mismatch")
+
+
+def probe_key() -> str:
+    """Where `store_checks_sha256` probes: under the archives' prefix, outside every tenant's."""
+    return f"{settings.RETENTION_S3_PREFIX}/.checksum-probe"
+
+
 def object_key_for(*, schema: str, run_id) -> str:
     return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}.jsonl.gz.enc"
 
 
-def shared_client(*, concurrency: int = 1):
-    """One S3 client for many requests, shared by up to `concurrency` threads."""
-    return s3_client(max_pool_connections=max(10, concurrency))
+@dataclass(frozen=True)
+class Uploader:
+    """One S3 client for many uploads, shared by threads, and whether its store was seen to
+    check an upload's SHA-256 (`store_checks_sha256`)."""
+
+    client: Any
+    store_checks: bool
 
 
-def object_put_verified(*, key: str, blob: bytes, client=None) -> str:
+def uploader_open(*, concurrency: int = 1, client=None) -> Uploader:
+    """An uploader for up to `concurrency` threads (`client`: one of the caller's, else made)."""
+    client = client or s3_client(max_pool_connections=max(10, concurrency))
+    return Uploader(client, store_checks_sha256(client))
+
+
+def store_checks_sha256(client) -> bool:
+    """Whether the store refuses a body whose `x-amz-checksum-sha256` does not match it, as S3
+    and SeaweedFS do: a probe PUT with a wrong checksum must come back BadDigest. Only then is
+    the checksum named in a PUT's answer taken as the store's check: a store that ignores the
+    header, or only echoes it back, would name it over other bytes. One that takes the probe,
+    or cannot be asked now, gets every archive read back instead."""
+    wrong = base64.b64encode(hashlib.sha256(b"not the probe's body").digest()).decode()
+    try:
+        client.put_object(Bucket=settings.S3_BUCKET, Key=probe_key(), Body=b"checksum probe",
+                          ChecksumSHA256=wrong)
+    except ClientError as exc:
+        return exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED
+    except BotoCoreError:
+        return False
+    log.warning("the archive store took an upload whose SHA-256 did not match it: each archive "
+                "is read back to verify it")
+    try:
+        client.delete_object(Bucket=settings.S3_BUCKET, Key=probe_key())
+    except (BotoCoreError, ClientError):
+        pass
+    return False
+
+
+def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = None) -> str:
     """Upload and return the blob's sha256 once the stored bytes are known to be the uploaded
-    ones: the PUT carries the SHA-256 (`x-amz-checksum-sha256`), which S3 checks against the
-    bytes it received before it stores them, refusing a mismatch (BadDigest), and names in its
-    answer. A store whose answer does not name that checksum (one that ignores the header) gets
-    the object read back and compared instead. `client`: a shared one (`shared_client()`), else
-    one is made for this call."""
+    ones: the PUT carries the SHA-256 (`x-amz-checksum-sha256`), which a store that checks
+    (`uploader.store_checks`) compares with the bytes it received before storing them, refusing
+    a mismatch (BadDigest), and names in its answer. Otherwise (the store does not check, or its
+    answer does not name the checksum) the object is read back and compared. `uploader`: a
+    shared one (`uploader_open()`), else one is made for this call."""
     raw = hashlib.sha256(blob).digest()
     digest, checksum = raw.hex(), base64.b64encode(raw).decode()
-    client = client or s3_client()
+    uploader = uploader or uploader_open()
     try:
-        put = client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=blob,
-                                ContentType="application/octet-stream", ChecksumSHA256=checksum,
-                                Metadata={"sha256": digest})
-        if put.get("ChecksumSHA256") == checksum:  # checked by the store as it took the bytes
+        put = uploader.client.put_object(
+            Bucket=settings.S3_BUCKET, Key=key, Body=blob, ContentType="application/octet-stream",
+            ChecksumSHA256=checksum, Metadata={"sha256": digest})
+        if uploader.store_checks and put.get("ChecksumSHA256") == checksum:
             return digest
-        stored = client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
+        stored = uploader.client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "BadDigest":
+        if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
             raise ArchiveCorrupt(f"{key}: the store refused the upload: the bytes it received "
                                  f"are not the {len(blob)} bytes sent") from exc
         log.warning("S3 could not store %s: %s", key, exc)

@@ -30,10 +30,10 @@ def test_a_failed_upload_leaves_its_run_hot_and_the_rest_of_the_chunk_archived(
     before = hot_rows(failing.id)
     real_put = store.object_put_verified
 
-    def put(*, key, blob, client=None):
+    def put(*, key, blob, uploader=None):
         if str(failing.id) in key:
             raise ArchiveCorrupt(f"{key}: the object read back is not the one uploaded")
-        return real_put(key=key, blob=blob, client=client)
+        return real_put(key=key, blob=blob, uploader=uploader)
 
     monkeypatch.setattr(store, "object_put_verified", put)
     report = archive_pass()

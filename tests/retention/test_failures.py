@@ -39,14 +39,15 @@ def test_s3_down_mid_job_prunes_nothing_more_and_a_later_pass_completes(archive_
     working = settings.S3_ENDPOINT_URL
     settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
     try:
-        unreachable = s3_client()
+        unreachable = store.uploader_open()
     finally:
         settings.S3_ENDPOINT_URL = working
     real_put = store.object_put_verified
 
-    def put_while_s3_goes_down(*, key, blob, client=None):
+    def put_while_s3_goes_down(*, key, blob, uploader=None):
         # Uploads are concurrent: the outage reaches every upload but the first run's.
-        return real_put(key=key, blob=blob, client=client if str(first.id) in key else unreachable)
+        return real_put(key=key, blob=blob,
+                        uploader=uploader if str(first.id) in key else unreachable)
 
     monkeypatch.setattr(store, "object_put_verified", put_while_s3_goes_down)
     monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", 2)  # first and second, then third
@@ -181,69 +182,91 @@ def test_an_unreachable_store_answers_503_without_naming_the_internal_endpoint(
 
 
 # -- what "verified" rests on: the store checks the upload's SHA-256, else it is read back -------
-def counting_client(*, alter_put: bool = False, hide_checksum: bool = False):
-    """A real client of the test S3 whose botocore events count the GETs it makes and, asked
-    to, flip a byte of the PUT's body on its way out (after its checksum header was computed)
-    or drop the checksum from the store's answer (as a store that ignores it would)."""
-    client = store.shared_client()
-    gets = []
+class Tampering:
+    """A real client of the test S3 whose botocore events count its GETs and, asked to, do to
+    its archive PUTs what a bad path or store could: flip a byte of the body on the way, after
+    the request was signed (`flip`); drop the checksum from the store's answer (`hide`); or be
+    a store that ignores the checksum and echoes it back (`echo`: the header is kept from the
+    store, the probe's too, and the bytes it stores are not the ones sent)."""
 
-    def flip(request, **kwargs):
-        body = bytearray(request.body.getvalue())  # botocore sends a BytesIO
-        body[len(body) // 2] ^= 0x01
-        request.body = io.BytesIO(bytes(body))
+    def __init__(self, *, flip=False, hide=False, echo=False):
+        self.client, self.gets, self.sent = s3_client(), [], None
+        self.flip, self.hide, self.echo = flip, hide, echo
+        events = self.client.meta.events
+        events.register("before-call.s3.GetObject", lambda **kwargs: self.gets.append(1))
+        events.register("before-sign.s3.PutObject", self.before_sign)
+        events.register("before-send.s3.PutObject", self.before_send)
+        events.register("after-call.s3.PutObject", self.after_call)
 
-    def hide(parsed, **kwargs):
-        parsed.pop("ChecksumSHA256", None)
+    @staticmethod
+    def flipped(body) -> io.BytesIO:
+        data = bytearray(body.getvalue() if hasattr(body, "getvalue") else body)
+        data[len(data) // 2] ^= 0x01
+        return io.BytesIO(bytes(data))
 
-    client.meta.events.register("before-call.s3.GetObject", lambda **kwargs: gets.append(1))
-    if alter_put:
-        client.meta.events.register("before-send.s3.PutObject", flip)
-    if hide_checksum:
-        client.meta.events.register("after-call.s3.PutObject", lambda parsed, **kw: hide(parsed))
-    return client, gets
+    def before_sign(self, request, **kwargs):
+        if self.echo:
+            self.sent = request.headers["x-amz-checksum-sha256"]
+            del request.headers["x-amz-checksum-sha256"]
+            if not request.url.endswith(store.probe_key()):
+                request.data = self.flipped(request.body).getvalue()
+
+    def before_send(self, request, **kwargs):
+        if self.flip and not request.url.endswith(store.probe_key()):
+            request.body = self.flipped(request.body)
+
+    def after_call(self, parsed, **kwargs):
+        if self.hide:
+            parsed.pop("ChecksumSHA256", None)
+        if self.echo:
+            parsed["ChecksumSHA256"] = self.sent
+
+    def uploader(self):
+        return store.uploader_open(client=self.client)
 
 
 def test_an_upload_the_store_confirmed_is_not_read_back(s3):
-    client, gets = counting_client()
+    path = Tampering()
+    uploader = path.uploader()
+    assert uploader.store_checks  # SeaweedFS refused the probe's wrong checksum
     blob = b"an archive" * 500
-    digest = store.object_put_verified(key="tenants/acme/archives/checked", blob=blob, client=client)
-    assert digest == hashlib.sha256(blob).hexdigest() and gets == []
+    digest = store.object_put_verified(key="tenants/acme/archives/checked", blob=blob,
+                                       uploader=uploader)
+    assert digest == hashlib.sha256(blob).hexdigest() and path.gets == []
     assert store.object_get(key="tenants/acme/archives/checked") == blob
 
 
 def test_bytes_changed_on_the_way_are_refused_by_the_store_and_nothing_is_stored(s3):
-    client, _ = counting_client(alter_put=True)
     with pytest.raises(ArchiveCorrupt, match="refused the upload"):
         store.object_put_verified(key="tenants/acme/archives/flipped", blob=b"x" * 4000,
-                                  client=client)
+                                  uploader=Tampering(flip=True).uploader())
     assert store.objects_under(prefix="tenants/acme/archives/flipped") == []
 
 
-def test_a_store_that_does_not_confirm_the_checksum_gets_the_object_read_back(s3, monkeypatch):
-    client, gets = counting_client(hide_checksum=True)
+def test_a_store_that_does_not_confirm_the_checksum_gets_the_object_read_back(s3):
+    path = Tampering(hide=True)
     blob = b"read me back" * 300
     assert store.object_put_verified(key="tenants/acme/archives/unconfirmed", blob=blob,
-                                     client=client) == hashlib.sha256(blob).hexdigest()
-    assert gets == [1]
-    # ... and what it reads back must be what was sent: here another writer replaced it first
-    other = s3_client()
+                                     uploader=path.uploader()) == hashlib.sha256(blob).hexdigest()
+    assert path.gets == [1]
 
-    def replace(**kwargs):  # returns None: a value would stand in for the GET's answer
-        other.put_object(Bucket=settings.S3_BUCKET, Key="tenants/acme/archives/unconfirmed",
-                         Body=b"not it")
 
-    client.meta.events.register("before-call.s3.GetObject", replace)
+def test_a_store_that_echoes_the_checksum_unchecked_is_found_out_by_the_read_back(s3):
+    path = Tampering(echo=True)
+    uploader = path.uploader()
+    assert not uploader.store_checks  # it took the probe's wrong checksum
     with pytest.raises(ArchiveCorrupt, match="read back"):
-        store.object_put_verified(key="tenants/acme/archives/unconfirmed", blob=blob, client=client)
+        store.object_put_verified(key="tenants/acme/archives/echoed", blob=b"y" * 4000,
+                                  uploader=uploader)
+    assert path.gets == [1]
 
 
 def test_a_run_whose_upload_was_refused_stays_hot_and_the_next_pass_archives_it(
         archive_pass, monkeypatch, in_acme):
     run = oldest_runs(1)[0]
     before, live = hot_rows(run.id), selectors.run_history(run_id=run.id)
-    altering, _ = counting_client(alter_put=True)
-    monkeypatch.setattr(store, "shared_client", lambda **kwargs: altering)
+    flipping = Tampering(flip=True).uploader()
+    monkeypatch.setattr(store, "uploader_open", lambda **kwargs: flipping)
     report = archive_pass()
     assert report.failed >= 1 and hot_rows(run.id) == before
     failed = Archive.objects.get(run_id=run.id)
