@@ -351,7 +351,8 @@ OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=8)
 OUTBOX_BACKOFF_SECONDS = env.float("OUTBOX_BACKOFF_SECONDS", default=2.0)
 
 # -- retention: finished runs are archived to S3 after their TTL, then pruned -----------------
-# Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>.jsonl.gz.enc in S3_BUCKET.
+# Objects go to <RETENTION_S3_PREFIX>/<schema>/archives/<run id>[.<sha256 prefix>].jsonl.gz.enc in
+# S3_BUCKET (docs/retention.md).
 # Agents may declare their own policy (runs.agents.RetentionPolicy); these are the defaults.
 RETENTION_S3_PREFIX = env("RETENTION_S3_PREFIX", default="tenants")
 RETENTION_HISTORY = env("RETENTION_HISTORY", default="full")  # or "shallow"

@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -138,6 +138,8 @@ class Upload:
     sha256: str
     size: int
     sealed_key: bytes  # the object's own key, to be wrapped with the tenant's data key
+    displaced: str = ""  # the run's usual key, held by an earlier attempt's object: once this
+    # upload's Archive row commits, nothing can refer to that object, and it is deleted
 
 
 # Runs whose rows are read at once: their uploads start while the next ones are read.
@@ -168,18 +170,23 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
                 version, tenant_key = data_key_for_write(tenant=tenant)
             counts: dict[UUID, dict[str, int]] = {}
             uploading: dict[Future, UUID] = {}
-            for start in range(0, len(locked), ROWS_READ_AT_ONCE):
-                if store_unavailable(uploading):
-                    break  # the runs not read yet wait for the next pass
-                for run_id, rows in selectors.runs_rows(
-                        run_ids=locked[start:start + ROWS_READ_AT_ONCE]).items():
-                    counts[run_id] = {table: len(table_rows) for table, table_rows in rows.items()}
-                    if policies[run_id].archive_required:
-                        uploading[uploads.submit(run_upload, schema=schema, run_id=run_id,
-                                                 rows=rows, version=version, uploader=uploader)] = run_id
+            try:
+                for start in range(0, len(locked), ROWS_READ_AT_ONCE):
+                    if store_unavailable(uploading):
+                        break  # the runs not read yet wait for the next pass
+                    for run_id, rows in selectors.runs_rows(
+                            run_ids=locked[start:start + ROWS_READ_AT_ONCE]).items():
+                        counts[run_id] = {table: len(rows_) for table, rows_ in rows.items()}
+                        if policies[run_id].archive_required:
+                            uploading[uploads.submit(
+                                run_upload, schema=schema, run_id=run_id, rows=rows,
+                                version=version, uploader=uploader)] = run_id
+                verified = uploads_verified(uploading, failures=done.failures)
+            finally:  # whatever ended the reads, no upload outlives the chunk's row locks
+                uploads_settled(uploading)
             fields = {run_id: {"status": Archive.Status.DISCARDED} for run_id in counts
                       if not policies[run_id].archive_required}
-            for run_id, upload in uploads_verified(uploading, failures=done.failures).items():
+            for run_id, upload in verified.items():
                 fields[run_id] = {
                     "status": Archive.Status.ARCHIVED, "object_key": upload.object_key,
                     "sha256": upload.sha256, "size": upload.size,
@@ -201,6 +208,10 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
                         done.failures[run_id] = ArchiveRaced(message)
                         del fields[run_id]
                     done.archives = []
+            displaced = [verified[run_id].displaced for run_id in fields
+                         if run_id in verified and verified[run_id].displaced]
+            if displaced:  # their runs' archives are elsewhere, recorded: nothing refers to them
+                transaction.on_commit(lambda: objects_discard(displaced))
     except Exception as exc:  # the transaction rolled back: no run of the chunk was pruned
         if not locked:
             raise
@@ -209,6 +220,18 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
     for run_id, exc in done.failures.items():
         archive_failure_record(run_id=run_id, error=exc)
     return done
+
+
+def uploads_settled(uploading: dict[Future, UUID]) -> None:
+    """Cancel the uploads not started and wait for the others."""
+    for future in uploading:
+        future.cancel()
+    wait(uploading)
+
+
+def objects_discard(keys: list[str]) -> None:
+    for key in keys:
+        store.object_discard(key=key)
 
 
 def store_unavailable(uploading: dict[Future, UUID]) -> bool:
@@ -248,9 +271,14 @@ def run_upload(*, schema: str, run_id: UUID, rows: dict[str, list[dict]], versio
     Runs in an upload thread: no database here."""
     sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
                            tenant=schema, run_id=str(run_id), key_version=version)
-    key = store.object_key_for(schema=schema, run_id=run_id)
-    digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
-    return Upload(object_key=key, sha256=digest, size=len(sealed.blob), sealed_key=sealed.object_key)
+    key, displaced = store.object_key_for(schema=schema, run_id=run_id), ""
+    try:
+        digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
+    except store.ObjectExists:  # left by an attempt that crashed or outlived its pass: kept
+        key, displaced = store.object_key_for(schema=schema, run_id=run_id, blob=sealed.blob), key
+        digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
+    return Upload(object_key=key, sha256=digest, size=len(sealed.blob),
+                  sealed_key=sealed.object_key, displaced=displaced)
 
 
 ARCHIVE_FIELDS = ("agent", "status", "object_key", "sha256", "size", "sealed_key_version",

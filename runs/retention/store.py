@@ -34,8 +34,17 @@ def probe_key() -> str:
     return f"{settings.RETENTION_S3_PREFIX}/.checksum-probe"
 
 
-def object_key_for(*, schema: str, run_id) -> str:
-    return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}.jsonl.gz.enc"
+def object_key_for(*, schema: str, run_id, blob: bytes | None = None) -> str:
+    """Where a run's archive goes: `<run id>.jsonl.gz.enc`, or, with `blob` (when an earlier
+    attempt's object holds that key), `<run id>.<its sha256's first 16 hex>.jsonl.gz.enc`."""
+    suffix = f".{hashlib.sha256(blob).hexdigest()[:16]}" if blob is not None else ""
+    return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}{suffix}.jsonl.gz.enc"
+
+
+class ObjectExists(ArchiveError):
+    """The key already holds an object: an archive object is written once, never replaced."""
+
+    code = "archive_object_exists"
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,9 @@ def store_checks_sha256(client) -> bool:
 
 
 def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = None) -> str:
-    """Upload and return the blob's sha256 once the stored bytes are known to be the uploaded
+    """Upload to a key that holds nothing yet (`If-None-Match: *`; ObjectExists if it holds
+    something: a writer that outlived its pass's locks cannot replace an archive a later pass
+    recorded) and return the blob's sha256 once the stored bytes are known to be the uploaded
     ones: the PUT carries the SHA-256 (`x-amz-checksum-sha256`), which a store that checks
     (`uploader.store_checks`) compares with the bytes it received before storing them, refusing
     a mismatch (BadDigest), and names in its answer. Otherwise (the store does not check, or its
@@ -89,11 +100,13 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
     try:
         put = uploader.client.put_object(
             Bucket=settings.S3_BUCKET, Key=key, Body=blob, ContentType="application/octet-stream",
-            ChecksumSHA256=checksum, Metadata={"sha256": digest})
+            ChecksumSHA256=checksum, Metadata={"sha256": digest}, IfNoneMatch="*")
         if uploader.store_checks and put.get("ChecksumSHA256") == checksum:
             return digest
         stored = uploader.client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
     except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
+            raise ObjectExists(f"{key}: the key already holds an object") from exc
         if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
             raise ArchiveCorrupt(f"{key}: the store refused the upload: the bytes it received "
                                  f"are not the {len(blob)} bytes sent") from exc
@@ -106,6 +119,14 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
         raise ArchiveCorrupt(f"{key}: the object read back ({len(stored)} bytes) is not the one "
                              f"uploaded ({len(blob)} bytes)")
     return digest
+
+
+def object_discard(*, key: str) -> None:
+    """Delete an object nothing refers to, if the store can be reached now (else it stays)."""
+    try:
+        s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=key)
+    except (BotoCoreError, ClientError) as exc:
+        log.warning("S3 could not delete %s, which nothing refers to: %s", key, exc)
 
 
 def object_get(*, key: str) -> bytes:

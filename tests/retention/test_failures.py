@@ -3,15 +3,20 @@
 import hashlib
 import io
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import OperationalError
 
 from agentplatform.s3 import s3_client
+from runs.agents import RetentionPolicy
 from runs.retention import selectors, services, store
 from runs.retention.envelope import ArchiveCorrupt, ArchiveKeyMismatch
 from runs.retention.models import Archive
+from tenants.models import TenantKey
 from tests.retention.conftest import run_finished
 from tests.retention.test_archive import hot_rows, without_archive
 
@@ -276,3 +281,65 @@ def test_a_run_whose_upload_was_refused_stays_hot_and_the_next_pass_archives_it(
     assert Archive.objects.get(run_id=run.id).status == "archived"
     assert set(hot_rows(run.id).values()) == {0}
     assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+# -- a writer that outlives its pass (its locks gone: a frozen worker, a dropped session) --------
+def stale_upload(run_id, rows):
+    """What a pass that read the run's rows, then lost its transaction, uploads late."""
+    version = TenantKey.objects.order_by("-version").values_list("version", flat=True).first()
+    return services.run_upload(schema="acme", run_id=run_id, rows=rows, version=version,
+                               uploader=store.uploader_open())
+
+
+def test_a_late_upload_after_a_later_pass_recorded_the_archive_cannot_replace_it(
+        archive_pass, in_acme):
+    run, = oldest_runs(1)
+    live, rows = selectors.run_history(run_id=run.id), selectors.runs_rows(run_ids=[run.id])[run.id]
+    archive_pass()
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived" and archive.object_key == store.object_key_for(
+        schema="acme", run_id=run.id)
+
+    late = stale_upload(run.id, rows)  # refused at the run's key: written beside it instead
+    assert late.object_key != archive.object_key and late.displaced == archive.object_key
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+def test_a_late_upload_that_landed_first_is_kept_aside_and_deleted_once_the_archive_commits(
+        archive_pass, in_acme):
+    run, = oldest_runs(1)
+    live, rows = selectors.run_history(run_id=run.id), selectors.runs_rows(run_ids=[run.id])[run.id]
+    early = stale_upload(run.id, rows)
+    assert early.object_key == store.object_key_for(schema="acme", run_id=run.id)
+    archive_pass()
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived" and archive.object_key != early.object_key
+    assert objects_of(run.id) == [archive.object_key]  # the early one, which nothing recorded
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+def test_a_chunk_that_fails_mid_read_waits_for_its_uploads_before_it_lets_the_runs_go(
+        in_acme, s3, monkeypatch):
+    first, second = oldest_runs(2)
+    real_put, real_rows, finished = store.object_put_verified, selectors.runs_rows, []
+
+    def slow_put(**kwargs):  # a slow store: still writing when the chunk's next read fails
+        time.sleep(0.5)
+        digest = real_put(**kwargs)
+        finished.append(kwargs["key"])
+        return digest
+
+    def rows(**kwargs):
+        if str(second.id) in {str(run_id) for run_id in kwargs["run_ids"]}:
+            raise OperationalError("the connection was lost mid-chunk")
+        return real_rows(**kwargs)
+
+    monkeypatch.setattr(store, "object_put_verified", slow_put)
+    monkeypatch.setattr(selectors, "runs_rows", rows)
+    monkeypatch.setattr(services, "ROWS_READ_AT_ONCE", 1)
+    due = [(run.id, RetentionPolicy()) for run in (first, second)]
+    with ThreadPoolExecutor(max_workers=2) as uploads:
+        done = services.runs_archive(tenant=in_acme, due=due, uploads=uploads,
+                                     uploader=store.uploader_open())
+        assert set(done.failures) == {first.id, second.id}  # rolled back: both stay hot
+        assert finished == [store.object_key_for(schema="acme", run_id=first.id)]

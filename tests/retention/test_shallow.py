@@ -29,7 +29,7 @@ def test_a_finished_shallow_run_keeps_only_its_final_checkpoint(archive_pass):
 
 
 def test_a_shallow_run_of_500_steps_stays_resumable_and_its_checkpoints_stay_flat(in_acme, worker):
-    run = run_start(agent="tidy", input={"steps": 500}).run
+    run = run_start(agent="tidy", input={"steps": 500, "pause": 0.004}).run  # 2 s at least
     seen = []
 
     def compacted_and_done():
@@ -45,4 +45,6 @@ def test_a_shallow_run_of_500_steps_stays_resumable_and_its_checkpoints_stay_fla
     assert finished.result == {"said": 500, "messages": 500}  # resumed across slices intact
     services.shallow_compact()
     assert Checkpoint.objects.filter(run_id=run.id).count() == 1
-    assert len(seen) > 5 and max(seen) < 250, seen  # bounded while it ran, not 500
+    assert len(seen) > 5 and max(seen) < 250, seen  # bounded while it ran, not 500 (a pass
+    # every 50 ms or so: 40 while the run's steps take 2 s; 5 on a machine fast enough, without
+    # the pause, to run 500 steps in a quarter of a second)

@@ -1,6 +1,7 @@
 """Agents used only by the tests (registered in test processes and test workers alike)."""
 
 import json
+import time
 import urllib.request
 
 from runs.agents import Agent, RetryPolicy
@@ -12,6 +13,7 @@ chatter = Agent("chatter", version=1, logs=["messages"])
 
 @chatter.step(start=True, next=["talk", "done"])
 def talk(ctx, state):
+    time.sleep(state.get("pause", 0))  # a run long enough in time, however fast the machine
     said = state.get("said", 0) + 1
     message = {"n": said, "text": f"message {said:06d} " + "x" * 180}
     nxt = "done" if said >= state["steps"] else "talk"
