@@ -138,8 +138,8 @@ class Upload:
     sha256: str
     size: int
     sealed_key: bytes  # the object's own key, to be wrapped with the tenant's data key
-    displaced: str = ""  # the run's usual key, held by an earlier attempt's object: once this
-    # upload's Archive row commits, nothing can refer to that object, and it is deleted
+    sweep: bool = False  # other objects of the run may exist (earlier attempts'): once this
+    # upload's Archive row commits nothing can refer to them, and they are deleted
 
 
 # Runs whose rows are read at once: their uploads start while the next ones are read.
@@ -208,10 +208,11 @@ def runs_archive(*, tenant: Tenant, due: list[tuple[UUID, RetentionPolicy]], upl
                         done.failures[run_id] = ArchiveRaced(message)
                         del fields[run_id]
                     done.archives = []
-            displaced = [verified[run_id].displaced for run_id in fields
-                         if run_id in verified and verified[run_id].displaced]
-            if displaced:  # their runs' archives are elsewhere, recorded: nothing refers to them
-                transaction.on_commit(lambda: objects_discard(displaced))
+            sweep = {run_id: verified[run_id].object_key for run_id in fields
+                     if run_id in verified and verified[run_id].sweep}
+            if sweep:  # the archives are recorded: nothing refers to their runs' other objects
+                transaction.on_commit(lambda: runs_objects_sweep(
+                    schema=schema, keep=sweep, client=uploader.client), robust=True)
     except Exception as exc:  # the transaction rolled back: no run of the chunk was pruned
         if not locked:
             raise
@@ -229,9 +230,10 @@ def uploads_settled(uploading: dict[Future, UUID]) -> None:
     wait(uploading)
 
 
-def objects_discard(keys: list[str]) -> None:
-    for key in keys:
-        store.object_discard(key=key)
+def runs_objects_sweep(*, schema: str, keep: dict[UUID, str], client) -> None:
+    for run_id, key in keep.items():
+        store.objects_sweep(prefix=store.run_objects_prefix(schema=schema, run_id=run_id),
+                            keep=key, client=client)
 
 
 def store_unavailable(uploading: dict[Future, UUID]) -> bool:
@@ -271,14 +273,21 @@ def run_upload(*, schema: str, run_id: UUID, rows: dict[str, list[dict]], versio
     Runs in an upload thread: no database here."""
     sealed = envelope.seal(archive_body(tenant=schema, run_id=run_id, rows=rows),
                            tenant=schema, run_id=str(run_id), key_version=version)
-    key, displaced = store.object_key_for(schema=schema, run_id=run_id), ""
+    size, sealed_key = len(sealed.blob), sealed.object_key
+    if uploader.writes_once:
+        key = store.object_key_for(schema=schema, run_id=run_id)
+        try:
+            return Upload(key, store.object_put_verified(key=key, blob=sealed.blob,
+                                                         uploader=uploader), size, sealed_key)
+        except store.ObjectExists:
+            pass  # left by an attempt that crashed or outlived its pass: kept, and written beside
+    # A key named after these bytes: the run's is taken, or the store would not keep it.
+    key = store.object_key_for(schema=schema, run_id=run_id, blob=sealed.blob)
     try:
         digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
-    except store.ObjectExists:  # left by an attempt that crashed or outlived its pass: kept
-        key, displaced = store.object_key_for(schema=schema, run_id=run_id, blob=sealed.blob), key
-        digest = store.object_put_verified(key=key, blob=sealed.blob, uploader=uploader)
-    return Upload(object_key=key, sha256=digest, size=len(sealed.blob),
-                  sealed_key=sealed.object_key, displaced=displaced)
+    except store.ObjectExists:  # these bytes, stored by a retried PUT whose answer was lost
+        digest = store.object_matches(key=key, blob=sealed.blob, uploader=uploader)
+    return Upload(key, digest, size, sealed_key, sweep=True)
 
 
 ARCHIVE_FIELDS = ("agent", "status", "object_key", "sha256", "size", "sealed_key_version",

@@ -7,6 +7,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
@@ -27,6 +28,8 @@ class ArchiveStoreUnavailable(ArchiveError):
 # carries: the x-amz-checksum-sha256 header, or the signed payload's hash (S3 signs it over TLS
 # when a checksum header is given).
 DIGEST_REFUSED = ("BadDigest", "XAmzContentSHA256Mismatch")
+# ... and when a conditional PUT finds its key taken (AWS answers 409 to one racing another).
+KEY_TAKEN = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
 def probe_key() -> str:
@@ -36,9 +39,14 @@ def probe_key() -> str:
 
 def object_key_for(*, schema: str, run_id, blob: bytes | None = None) -> str:
     """Where a run's archive goes: `<run id>.jsonl.gz.enc`, or, with `blob` (when an earlier
-    attempt's object holds that key), `<run id>.<its sha256's first 16 hex>.jsonl.gz.enc`."""
+    attempt's object holds that key, or the store does not write once),
+    `<run id>.<its sha256's first 16 hex>.jsonl.gz.enc`. `run_objects_prefix` holds both."""
     suffix = f".{hashlib.sha256(blob).hexdigest()[:16]}" if blob is not None else ""
     return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}{suffix}.jsonl.gz.enc"
+
+
+def run_objects_prefix(*, schema: str, run_id) -> str:
+    return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}."
 
 
 class ObjectExists(ArchiveError):
@@ -49,17 +57,41 @@ class ObjectExists(ArchiveError):
 
 @dataclass(frozen=True)
 class Uploader:
-    """One S3 client for many uploads, shared by threads, and whether its store was seen to
-    check an upload's SHA-256 (`store_checks_sha256`)."""
+    """One S3 client for many uploads, shared by threads, and what its store was seen to do:
+    check an upload's SHA-256 (`store_checks_sha256`), refuse to replace an object
+    (`store_writes_once`)."""
 
     client: Any
     store_checks: bool
+    writes_once: bool = True
 
 
 def uploader_open(*, concurrency: int = 1, client=None) -> Uploader:
     """An uploader for up to `concurrency` threads (`client`: one of the caller's, else made)."""
     client = client or s3_client(max_pool_connections=max(10, concurrency))
-    return Uploader(client, store_checks_sha256(client))
+    return Uploader(client, store_checks_sha256(client), store_writes_once(client))
+
+
+def store_writes_once(client) -> bool:
+    """Whether the store refuses a PUT with `If-None-Match: *` to a key that holds an object,
+    as S3 and SeaweedFS do: a probe key of its own is written twice. One that takes both (it
+    ignores the header), refuses the first, or cannot be asked now gets no conditional PUTs:
+    each archive then goes to a key named after its bytes (`object_key_for(blob=)`)."""
+    key = f"{probe_key()}-{uuid4().hex}"
+    try:
+        client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=b"probe", IfNoneMatch="*")
+        try:
+            client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=b"probe", IfNoneMatch="*")
+            refused = False
+        except ClientError as exc:
+            refused = exc.response.get("Error", {}).get("Code") in KEY_TAKEN
+        client.delete_object(Bucket=settings.S3_BUCKET, Key=key)
+    except (BotoCoreError, ClientError):
+        return False
+    if not refused:
+        log.warning("the archive store replaced an object despite If-None-Match: each archive "
+                    "goes to a key named after its bytes")
+    return refused
 
 
 def store_checks_sha256(client) -> bool:
@@ -86,26 +118,25 @@ def store_checks_sha256(client) -> bool:
 
 
 def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = None) -> str:
-    """Upload to a key that holds nothing yet (`If-None-Match: *`; ObjectExists if it holds
-    something: a writer that outlived its pass's locks cannot replace an archive a later pass
-    recorded) and return the blob's sha256 once the stored bytes are known to be the uploaded
-    ones: the PUT carries the SHA-256 (`x-amz-checksum-sha256`), which a store that checks
-    (`uploader.store_checks`) compares with the bytes it received before storing them, refusing
-    a mismatch (BadDigest), and names in its answer. Otherwise (the store does not check, or its
-    answer does not name the checksum) the object is read back and compared. `uploader`: a
-    shared one (`uploader_open()`), else one is made for this call."""
+    """Upload and return the blob's sha256 once the stored bytes are known to be the uploaded
+    ones. To a store that writes once (`uploader.writes_once`) the PUT is conditional
+    (`If-None-Match: *`; ObjectExists if the key holds something: a writer that outlived its
+    pass's locks cannot replace an archive a later pass recorded). The PUT carries the SHA-256
+    (`x-amz-checksum-sha256`), which a store that checks (`uploader.store_checks`) compares with
+    the bytes it received before storing them, refusing a mismatch (BadDigest), and names in its
+    answer. Otherwise (the store does not check, or its answer does not name the checksum) the
+    object is read back and compared. `uploader`: a shared one (`uploader_open()`), else one is
+    made for this call."""
     raw = hashlib.sha256(blob).digest()
     digest, checksum = raw.hex(), base64.b64encode(raw).decode()
     uploader = uploader or uploader_open()
+    once = {"IfNoneMatch": "*"} if uploader.writes_once else {}
     try:
         put = uploader.client.put_object(
             Bucket=settings.S3_BUCKET, Key=key, Body=blob, ContentType="application/octet-stream",
-            ChecksumSHA256=checksum, Metadata={"sha256": digest}, IfNoneMatch="*")
-        if uploader.store_checks and put.get("ChecksumSHA256") == checksum:
-            return digest
-        stored = uploader.client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
+            ChecksumSHA256=checksum, Metadata={"sha256": digest}, **once)
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
+        if exc.response.get("Error", {}).get("Code") in KEY_TAKEN:
             raise ObjectExists(f"{key}: the key already holds an object") from exc
         if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
             raise ArchiveCorrupt(f"{key}: the store refused the upload: the bytes it received "
@@ -115,18 +146,34 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
     except BotoCoreError as exc:
         log.warning("S3 could not store %s: %s", key, exc)
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
+    if uploader.store_checks and put.get("ChecksumSHA256") == checksum:
+        return digest
+    return object_matches(key=key, blob=blob, uploader=uploader)
+
+
+def object_matches(*, key: str, blob: bytes, uploader: Uploader) -> str:
+    """The blob's sha256 if the object at `key` is the blob (read back), else ArchiveCorrupt."""
+    try:
+        stored = uploader.client.get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
+    except (BotoCoreError, ClientError) as exc:
+        log.warning("S3 could not read %s back: %s", key, exc)
+        raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
+    digest = hashlib.sha256(blob).hexdigest()
     if hashlib.sha256(stored).hexdigest() != digest:
         raise ArchiveCorrupt(f"{key}: the object read back ({len(stored)} bytes) is not the one "
                              f"uploaded ({len(blob)} bytes)")
     return digest
 
 
-def object_discard(*, key: str) -> None:
-    """Delete an object nothing refers to, if the store can be reached now (else it stays)."""
+def objects_sweep(*, prefix: str, keep: str, client) -> None:
+    """Delete the objects under `prefix` but `keep`, if the store can be reached now (else they
+    stay): a run's objects that nothing refers to once its archive is recorded."""
     try:
-        s3_client().delete_object(Bucket=settings.S3_BUCKET, Key=key)
+        for key in objects_under(prefix=prefix, client=client):
+            if key != keep:
+                client.delete_object(Bucket=settings.S3_BUCKET, Key=key)
     except (BotoCoreError, ClientError) as exc:
-        log.warning("S3 could not delete %s, which nothing refers to: %s", key, exc)
+        log.warning("S3 could not delete objects under %s that nothing refers to: %s", prefix, exc)
 
 
 def object_get(*, key: str) -> bytes:
@@ -142,10 +189,10 @@ def object_get(*, key: str) -> bytes:
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
 
 
-def objects_under(*, prefix: str) -> list[str]:
+def objects_under(*, prefix: str, client=None) -> list[str]:
     """Keys under a prefix (operators' and tests' view of what is stored)."""
     keys, token = [], None
-    client = s3_client()
+    client = client or s3_client()
     while True:
         page = client.list_objects_v2(Bucket=settings.S3_BUCKET, Prefix=prefix,
                                       **({"ContinuationToken": token} if token else {}))

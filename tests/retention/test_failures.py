@@ -301,7 +301,49 @@ def test_a_late_upload_after_a_later_pass_recorded_the_archive_cannot_replace_it
         schema="acme", run_id=run.id)
 
     late = stale_upload(run.id, rows)  # refused at the run's key: written beside it instead
-    assert late.object_key != archive.object_key and late.displaced == archive.object_key
+    assert late.object_key != archive.object_key and late.sweep
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+def test_every_failed_attempts_object_is_deleted_once_the_run_is_archived(
+        archive_pass, monkeypatch, in_acme):
+    run, = oldest_runs(1)
+    live, rows = selectors.run_history(run_id=run.id), selectors.runs_rows(run_ids=[run.id])[run.id]
+    stale_upload(run.id, rows)  # takes the run's key
+
+    def crash(run_id):
+        raise RuntimeError("worker died after the upload")
+
+    monkeypatch.setattr(services, "after_upload", crash)
+    archive_pass()
+    archive_pass()  # two more attempts, each leaving an object beside the first
+    assert len(objects_of(run.id)) == 3 and set(hot_rows(run.id).values()) != {0}
+    monkeypatch.setattr(services, "after_upload", None)
+    archive_pass()
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived" and objects_of(run.id) == [archive.object_key]
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+def test_a_store_that_replaces_objects_gets_a_key_per_upload_and_a_late_one_cannot_replace_it(
+        archive_pass, monkeypatch, in_acme):
+    run, = oldest_runs(1)
+    live, rows = selectors.run_history(run_id=run.id), selectors.runs_rows(run_ids=[run.id])[run.id]
+    client = s3_client()  # as a store that ignores If-None-Match: the header never reaches it
+    client.meta.events.register("before-sign.s3.PutObject", lambda request, **kwargs: (
+        request.headers.__delitem__("If-None-Match") if "If-None-Match" in request.headers
+        else None))
+    uploader = store.uploader_open(client=client)
+    assert uploader.store_checks and not uploader.writes_once
+    monkeypatch.setattr(store, "uploader_open", lambda **kwargs: uploader)
+    archive_pass()
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived"
+    assert archive.object_key == store.object_key_for(schema="acme", run_id=run.id, blob=stored(
+        archive.object_key))
+    late = services.run_upload(schema="acme", run_id=run.id, rows=rows,
+                               version=archive.key_version, uploader=uploader)
+    assert late.object_key != archive.object_key
     assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
 
 
