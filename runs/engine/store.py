@@ -112,7 +112,7 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
     return ", ".join(sql), params
 
 
-def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool,
+def _checkpoint_sql(schema: str, fence: str, entries: int, outbox: bool,
                     event: bool = False) -> str:
     """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
     checkpoint, and the log entries, outbox messages and end event if there are any, each list one JSON
@@ -127,7 +127,12 @@ def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool,
                     waiting, created_at)
             SELECT id, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s::jsonb, now() FROM fence
         )"""]
-    if entries:
+    if entries == 1:  # most steps append one value: its fields as parameters, no JSON list
+        sql.append(f""", entries AS (
+            INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
+            SELECT fence.id, %s, %s, %s, %s::jsonb FROM fence
+        )""")
+    elif entries:
         sql.append(f""", entries AS (
             INSERT INTO "{schema}".{LogEntry._meta.db_table} (run_id, log, index, visit, value)
             SELECT fence.id, e.log, e.index, e.visit, coalesce(e.value, 'null')  -- a JSON null
@@ -155,7 +160,7 @@ def _checkpoint_sql(schema: str, fence: str, entries: bool, outbox: bool,
 
 
 @functools.lru_cache(maxsize=1024)
-def _checkpoint_fenced_sql(schema: str, entries: bool, outbox: bool) -> str:
+def _checkpoint_fenced_sql(schema: str, entries: int, outbox: bool) -> str:
     """The statement of a checkpoint that leaves the run row untouched (most of them): the same
     text, built once, for every step of every run of the schema."""
     return _checkpoint_sql(schema, f"""SELECT id, cancel_requested FROM "{schema}".{
@@ -181,9 +186,9 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         sql = _checkpoint_sql(schema, f"""UPDATE "{schema}".{Run._meta.db_table} SET {assignments}
                                             WHERE id = %s AND lease_epoch = %s
                                         RETURNING id, cancel_requested""",
-                              bool(entries), bool(outbox), event is not None)
+                              min(len(entries), 2), bool(outbox), event is not None)
     else:
-        params, sql = [], _checkpoint_fenced_sql(schema, bool(entries), bool(outbox))
+        params, sql = [], _checkpoint_fenced_sql(schema, min(len(entries), 2), bool(outbox))
     params += [
         run.id, epoch,
         position.visit, position.step,
@@ -191,7 +196,10 @@ def checkpoint_commit(*, run: Run, epoch: int, position: "Position", touch_run: 
         json.dumps(position.offsets), run.agent_version, run.topology_hash,
         None if position.waiting is None else json.dumps(position.waiting, default=str),
     ]
-    if entries:
+    if len(entries) == 1:
+        entry, = entries
+        params += [entry["log"], entry["index"], entry["visit"], json.dumps(entry["value"])]
+    elif entries:
         params.append(json.dumps(entries))
     if outbox:
         params.append(json.dumps([{"name": n["name"], "connector": n["connector"],

@@ -297,6 +297,33 @@ def nulls_agent():
     registry.unregister("nulls", 1)
 
 
+@pytest.fixture
+def one_value_agent():
+    """Appends one value a step: the checkpoint statement's one-entry form."""
+    agent = Agent("one_value", version=1, logs=["odd"])
+
+    @agent.step(start=True, next=["add"])
+    def add(ctx, state):
+        n = state.get("n", 0)
+        if n == len(ODD_VALUES):
+            return finish(list(state.log("odd")))
+        return goto("add", update={"n": n + 1}, append={"odd": [ODD_VALUES[n]]})
+
+    yield agent
+    registry.unregister("one_value", 1)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_log_values_appended_one_a_step_are_stored_and_read_back_as_they_were(
+        in_acme, one_value_agent, durability):
+    run = finished(start("one_value", durability=durability).id)
+    assert run.status == "succeeded", run.error
+    assert run.result == ODD_VALUES
+    stored = LogEntry.objects.filter(run=run, log="odd").order_by("index")
+    assert [(entry.index, entry.visit, entry.value) for entry in stored] == [
+        (n, n + 1, value) for n, value in enumerate(ODD_VALUES)]
+
+
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
 def test_log_values_that_are_null_or_falsy_are_stored_and_read_back_as_they_were(
         in_acme, nulls_agent, durability):
