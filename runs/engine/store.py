@@ -115,9 +115,11 @@ def _run_assignments(run: Run, fields: dict[str, Any]) -> tuple[str, list[Any]]:
 def _checkpoint_sql(schema: str, fence: str, entries: int, outbox: bool,
                     event: bool = False) -> str:
     """The checkpoint statement: the fence (the run row's UPDATE, or its FOR SHARE read), the
-    checkpoint, and the log entries, outbox messages and end event if there are any, each list one JSON
-    parameter (psycopg dumps one string in C where it dumped four arrays in Python). A JSON
-    null comes out of `jsonb_to_recordset` as SQL NULL: coalesced back to a JSON null."""
+    checkpoint, and the log entries, outbox messages and end event if there are any. `entries`:
+    0, 1 (the entry's fields as parameters: most steps append one value) or 2 (many: one JSON
+    list, psycopg dumps one string in C where it dumped four arrays in Python). Each other list
+    is one JSON parameter too. A JSON null comes out of `jsonb_to_recordset` as SQL NULL:
+    coalesced back to a JSON null."""
     sql = [f"""
         WITH fence AS (
             {fence}
@@ -161,8 +163,9 @@ def _checkpoint_sql(schema: str, fence: str, entries: int, outbox: bool,
 
 @functools.lru_cache(maxsize=1024)
 def _checkpoint_fenced_sql(schema: str, entries: int, outbox: bool) -> str:
-    """The statement of a checkpoint that leaves the run row untouched (most of them): the same
-    text, built once, for every step of every run of the schema."""
+    """The statement of a checkpoint that leaves the run row untouched (most of them): one text
+    per shape (entries 0, 1 or many; outbox or not), built once, for every step of every run of
+    the schema."""
     return _checkpoint_sql(schema, f"""SELECT id, cancel_requested FROM "{schema}".{
         Run._meta.db_table} WHERE id = %s AND lease_epoch = %s FOR SHARE""", entries, outbox)
 

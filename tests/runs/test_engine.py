@@ -297,17 +297,21 @@ def nulls_agent():
     registry.unregister("nulls", 1)
 
 
+ONE_A_STEP = ODD_VALUES + ['a "quoted" \\ back\\slash\n', "%s %(x)s $1", "x" * 20_000]
+
+
 @pytest.fixture
 def one_value_agent():
-    """Appends one value a step: the checkpoint statement's one-entry form."""
+    """Appends one value a step: the checkpoint statement's one-entry form (in sync and async
+    durability; exit mode writes them all at the end, as many)."""
     agent = Agent("one_value", version=1, logs=["odd"])
 
     @agent.step(start=True, next=["add"])
     def add(ctx, state):
         n = state.get("n", 0)
-        if n == len(ODD_VALUES):
+        if n == len(ONE_A_STEP):
             return finish(list(state.log("odd")))
-        return goto("add", update={"n": n + 1}, append={"odd": [ODD_VALUES[n]]})
+        return goto("add", update={"n": n + 1}, append={"odd": [ONE_A_STEP[n]]})
 
     yield agent
     registry.unregister("one_value", 1)
@@ -318,10 +322,10 @@ def test_log_values_appended_one_a_step_are_stored_and_read_back_as_they_were(
         in_acme, one_value_agent, durability):
     run = finished(start("one_value", durability=durability).id)
     assert run.status == "succeeded", run.error
-    assert run.result == ODD_VALUES
+    assert run.result == ONE_A_STEP
     stored = LogEntry.objects.filter(run=run, log="odd").order_by("index")
     assert [(entry.index, entry.visit, entry.value) for entry in stored] == [
-        (n, n + 1, value) for n, value in enumerate(ODD_VALUES)]
+        (n, n + 1, value) for n, value in enumerate(ONE_A_STEP)]
 
 
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
