@@ -6,8 +6,9 @@ Order of a chunk of runs' archival, all inside one transaction holding the runs'
 read their rows -> per run, concurrently: serialize -> seal -> upload with its sha256, which the
 store checks (else read back and compare) -> then, for the runs whose upload verified: Archive
 rows -> prune (counts checked per run). A run that fails anywhere gets no Archive row and no
-prune, so its hot rows stay; a crash rolls back the whole chunk. A re-run uploads to the same
-object key again, so no duplicate or orphan is left behind.
+prune, so its hot rows stay; a crash rolls back the whole chunk. An archive object is written
+once, never replaced: a re-run that finds the run's key taken uploads beside it and, once its
+Archive row commits, deletes the run's other objects (docs/retention.md).
 """
 
 import gzip
