@@ -16,6 +16,7 @@ from runs.retention import services
 from runs.retention.models import Archive
 from tests.retention.test_archive import hot_rows
 from tests.retention.test_failures import oldest_runs
+from tests.support.runs import waiting_on_a_lock
 from tests.support.waiting import wait_for
 
 DEADLINE = 20
@@ -35,13 +36,6 @@ def _write_checkpoint(run: Run, *, commit: threading.Event | None = None,
             written.set()
         if commit is not None:
             assert commit.wait(DEADLINE), "the test never let the write commit"
-
-
-def _waiting_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s AND NOT granted)",
-                       [pid])
-        return cursor.fetchone()[0]
 
 
 def _writing(tenant, run: Run, outcome: list, **events) -> threading.Thread:
@@ -72,7 +66,7 @@ def test_a_checkpoint_that_waits_for_the_archive_finds_its_run_gone(
         if run_id != raced.id or threads:
             return
         threads.append(_writing(in_acme, raced, outcome))
-        wait_for(lambda: outcome and _waiting_on_a_lock(outcome[0]), timeout=DEADLINE,
+        wait_for(lambda: outcome and waiting_on_a_lock(outcome[0]), timeout=DEADLINE,
                  interval=0.02, what="the checkpoint's fence to wait for the archive's lock")
 
     monkeypatch.setattr(services, "after_upload", race)

@@ -15,7 +15,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from runs.models import Checkpoint
 from tenants.services import tenant_create, tenant_delete
-from tests.support.runs import finished, other_connection, start
+from tests.support.runs import finished, other_connection, start, waiting_on_a_lock
 
 BEFORE, AFTER = ("runs", "0010_natural_keys"), ("runs", "0011_history_held_by_run")
 
@@ -31,12 +31,6 @@ def _keys() -> dict[str, bool]:
                        "WHERE contype = 'f' AND confrelid = 'runs_run'::regclass "
                        "AND conrelid IN ('runs_checkpoint'::regclass, 'runs_logentry'::regclass)")
         return dict(cursor.fetchall())
-
-
-def _waiting_on_a_lock(pid: int) -> bool:
-    with other_connection() as watcher:
-        return watcher.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s "
-                               "AND NOT granted)", [pid]).fetchone()[0]
 
 
 def _orphan_checkpoint() -> None:
@@ -91,7 +85,7 @@ def test_a_writer_holding_a_run_while_it_reads_its_checkpoints_is_waited_for(in_
             conn.execute(f'SELECT FROM "{schema}".runs_run WHERE id = %s FOR UPDATE', [run.id])
             holding.set()
             deadline = time.monotonic() + 20
-            while not _waiting_on_a_lock(migrating) and time.monotonic() < deadline:
+            while not waiting_on_a_lock(migrating) and time.monotonic() < deadline:
                 time.sleep(0.02)
             seen.append(conn.execute(f'SELECT count(*) FROM "{schema}".runs_checkpoint '
                                      "WHERE run_id = %s", [run.id]).fetchone()[0])

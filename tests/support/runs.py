@@ -44,6 +44,13 @@ def other_connection() -> psycopg.Connection:
                            prepare_threshold=None)
 
 
+def waiting_on_a_lock(pid: int) -> bool:
+    """Whether the backend `pid` waits for a lock now (asked on a connection of its own)."""
+    with other_connection() as watcher:
+        return watcher.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s "
+                               "AND NOT granted)", [pid]).fetchone()[0]
+
+
 @contextmanager
 def dispatcher_held():
     """Nothing is handed out meanwhile: another connection holds the dispatcher's lock, so a
