@@ -17,6 +17,7 @@ from runs.dispatch.models import ReadyRun, Wakeup
 from runs.dispatch.services import wakeups_fire
 from runs.models import Run, RunEvent
 from runs.services import RunError, run_cancel, run_start
+from tests.support.runs import advanced
 from tests.support.waiting import wait_for
 
 RESUMES = ("approval_decided", "event_received", "wait_timed_out")
@@ -31,7 +32,7 @@ def test_deciding_delivering_cancelling_and_firing_at_once_never_deadlocks(acme)
             run = run_start(agent="waiter", enqueue=False, input={
                 "how": how, "kind": "lock.order", "key": f"k-{uuid.uuid4()}",
                 "timeout": 3600}).run
-            assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+            assert advanced(run.id) == engine.Outcome.PARKED
             runs.append(run)
         approvals = {a.run_id: a.id for a in Approval.objects.filter(run__in=runs)}
         # Every timeout is due now too: the timer races the person, the event and the cancel.

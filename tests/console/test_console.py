@@ -26,7 +26,7 @@ from runs.services import RunError, run_cancel, run_requeue
 from runs.usage.models import Plan, TenantQuota
 from tenants.models import ApiKey, AuditEntry, ConsoleAccess, Tenant
 from tests.support import rollout_v2_agents  # noqa: F401  (rollout v2 has "work"; v3 renamed it)
-from tests.support.runs import start
+from tests.support.runs import advanced, start
 from tests.support.waiting import wait_for
 from tests.tenants.test_console_access import logged_in
 
@@ -45,7 +45,7 @@ def engine_error_run():
     original = claims.Harness.go
     claims.Harness.go = broken
     try:
-        assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+        assert advanced(run.id) == engine.Outcome.PARKED
     finally:
         claims.Harness.go = original
     return run
@@ -54,7 +54,7 @@ def engine_error_run():
 def version_mismatch_run():
     run = start("rollout", version=1)
     Run.objects.filter(id=run.id).update(topology_hash="0" * 64)  # its steps changed under it
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     return run
 
 
@@ -62,7 +62,7 @@ def poison_run():
     run = start("chatter", input={"steps": 2})
     for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):  # each claimer died in the step
         assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=-1)
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     return run
 
 

@@ -11,6 +11,7 @@ from runs.effects.models import Effect
 from runs.models import Run, RunEvent
 from runs.services import run_start
 from tests.support.fakes.fixtures import fake_openai, fake_stripe, smtp_server  # noqa: F401
+from tests.support.runs import advanced
 from tests.support.waiting import wait_for
 
 
@@ -106,7 +107,7 @@ def test_budget_can_park_for_a_person_who_raises_it(in_acme, acme_api, fake_open
     try:
         run = run_start(agent="worldly", enqueue=False, max_tokens=55,
                         input={"what": "think", "think_again": True, "max_tokens": 50}).run
-        assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+        assert advanced(run.id) == engine.Outcome.PARKED
         approval = Approval.objects.get(run=run, kind="budget")
         acme_api.post(f"/api/v1/approvals/{approval.id}/decide",
                       {"decision": "approve" if approve else "reject"}, format="json")

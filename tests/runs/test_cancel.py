@@ -12,6 +12,7 @@ from runs.approvals.models import Approval, EventGate
 from runs.dispatch.models import ReadyRun, Wakeup
 from runs.models import Branch, Checkpoint, Run, RunEvent
 from runs.services import run_cancel, run_enqueue, run_start
+from tests.support.runs import advanced
 from tests.support.waiting import wait_for
 
 
@@ -23,7 +24,7 @@ def kinds(run_id):
 @pytest.mark.parametrize("how", ["approval", "event", "sleep", "child", "fan_out"])
 def test_cancel_asked_while_the_run_parks_ends_it_with_nothing_left_open(in_acme, how):
     run = run_start(agent="parker", input={"how": how}, enqueue=False).run
-    assert engine.advance(run_id=run.id) == engine.Outcome.ENDED
+    assert advanced(run.id) == engine.Outcome.ENDED
     run.refresh_from_db()
     assert run.status == "cancelled" and run.lease_owner == "" and run.finished_at
     assert not Approval.objects.filter(run=run).exists()
@@ -94,7 +95,7 @@ def test_cancel_asked_before_a_run_is_claimed_again_wins_over_parking_it(in_acme
     run = run_start(agent="slowpoke", input={"seconds": 0}, enqueue=False).run
     Run.objects.filter(id=run.id).update(status="running", cancel_requested=True,
                                          claims_without_checkpoint=99)  # lease long gone
-    assert engine.advance(run_id=run.id) == engine.Outcome.ENDED
+    assert advanced(run.id) == engine.Outcome.ENDED
     run.refresh_from_db()
     assert run.status == "cancelled" and run.finished_at and run.lease_owner == ""
     assert "poison_step" not in kinds(run.id) and kinds(run.id)[-1] == "run_cancelled"

@@ -16,7 +16,7 @@ from runs.models import Checkpoint, LogEntry, Run, RunEvent
 from runs.services import RunError, checkpoint_state, run_cancel, run_fork, run_start
 from runs.transitions import finish, goto
 from tests.support.agents import ATTEMPTS
-from tests.support.runs import finished, kinds, other_connection, start
+from tests.support.runs import advanced, finished, kinds, other_connection, start
 
 
 def test_research_agent_appends_one_finding_per_iteration(in_acme):
@@ -176,12 +176,12 @@ def test_topology_mismatch_is_refused_and_the_run_stays_parked(in_acme, drift_ag
     drift_agent(1, ["a"])
     run = start("drift")
     drift_agent(1, ["a", "b"])  # a deploy changed v1's steps without bumping the version
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     run.refresh_from_db()
     assert run.status == "waiting" and "changed its steps" in run.waiting_reason
     assert RunEvent.objects.filter(run=run, kind="resume_refused").exists()
     assert Checkpoint.objects.filter(run=run).count() == 1  # not misrouted: nothing ran
-    assert engine.advance(run_id=run.id) == engine.Outcome.NOT_CLAIMED  # parked, not retried
+    assert advanced(run.id) == engine.Outcome.NOT_CLAIMED  # parked, not retried
 
 
 def test_a_parked_runs_waiting_reason_is_redacted(in_acme, drift_agent):
@@ -237,7 +237,7 @@ def test_every_durability_mode_ends_in_the_same_state(in_acme, durability):
 def test_cancel_of_a_queued_run_is_immediate(in_acme):
     run = run_cancel(run_id=start("research").id)
     assert run.status == "cancelled"
-    assert engine.advance(run_id=run.id) == engine.Outcome.NOT_CLAIMED
+    assert advanced(run.id) == engine.Outcome.NOT_CLAIMED
     with pytest.raises(RunError):
         run_cancel(run_id=run.id)
 

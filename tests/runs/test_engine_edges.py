@@ -19,7 +19,7 @@ from runs.engine.harness import ERROR_MAX_CHARS
 from runs.models import Branch, LogEntry, Run, RunEvent
 from runs.services import run_requeue
 from tests.effects.receiver import Receiver
-from tests.support.runs import finished, kinds, start
+from tests.support.runs import advanced, finished, kinds, start
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_a_step_cannot_swallow_a_question_for_a_person(in_acme, receiver):
     Effect.objects.create(run=run, scope="0", name="ask", connector="test_keyed",
                           args={"url": url}, args_hash=args_digest({"url": url}),
                           idempotency_key=uuid.uuid4().hex, status="unknown", attempts=1)
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     run.refresh_from_db()
     assert run.status == "waiting" and run.steps_taken == 0  # never went on to "after"
     assert receiver.count() == 0
@@ -60,7 +60,7 @@ def test_a_run_claimed_too_often_without_a_checkpoint_is_parked_for_a_person(in_
     run = start("chatter", input={"steps": 2})
     for _ in range(settings.RUN_MAX_CLAIMS_WITHOUT_CHECKPOINT):  # each claimer "died"
         assert engine.run_claim(run_id=run.id, owner="doomed", lease_seconds=-1)  # died
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     run.refresh_from_db()
     assert run.status == "waiting" and "poison step" in run.waiting_reason
     assert "'talk'" in run.waiting_reason
@@ -82,7 +82,7 @@ def test_every_checkpoint_resets_the_poison_count(in_acme):
 
 def test_a_branch_that_lost_its_lease_cannot_start_an_effect(in_acme, receiver):
     run = start("overtaken", input={"url": f"{receiver.base}/charge", "take_over": True})
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     with pytest.raises(engine.LeaseLost):
         engine.branch_advance(run_id=run.id, index=0)
     assert receiver.count() == 0
@@ -93,7 +93,7 @@ def test_a_branch_that_lost_its_lease_cannot_start_an_effect(in_acme, receiver):
 
 def test_branch_effects_are_fenced_on_the_branch_lease(in_acme, receiver):
     run = start("overtaken", input={"url": f"{receiver.base}/charge"})
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
     assert finished(run.id).status == "succeeded" and receiver.count() == 1
     assert Effect.objects.get(run=run).scope == "1/b0"
@@ -117,7 +117,7 @@ def test_a_worker_whose_lease_moved_on_cannot_start_another_attempt(in_acme):
 def test_a_worker_without_the_agent_version_hands_the_run_back_for_later(in_acme):
     run = start("rollout")
     Run.objects.filter(id=run.id).update(agent_version=99)
-    assert engine.advance(run_id=run.id) == engine.Outcome.DEFERRED
+    assert advanced(run.id) == engine.Outcome.DEFERRED
     run.refresh_from_db()
     assert run.status == "queued" and run.claims_without_checkpoint == 0  # not a poison claim
     row = ReadyRun.objects.get(run_id=run.id, branch=-1)
@@ -130,10 +130,10 @@ def test_after_the_grace_period_a_run_nobody_can_run_is_parked(in_acme, settings
     settings.RUN_UNKNOWN_AGENT_GRACE_SECONDS = 0
     run = start("rollout")
     Run.objects.filter(id=run.id).update(agent_version=99)
-    assert engine.advance(run_id=run.id) == engine.Outcome.DEFERRED  # first time: in grace
+    assert advanced(run.id) == engine.Outcome.DEFERRED  # first time: in grace
     ReadyRun.objects.filter(run_id=run.id).update(ready_at=ReadyRun.objects.get(
         run_id=run.id).deferred_since)
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     run.refresh_from_db()
     assert run.status == "waiting" and "version 99 is not registered" in run.waiting_reason
     assert not ReadyRun.objects.filter(run_id=run.id).exists()
@@ -207,7 +207,7 @@ def test_a_transition_with_a_field_of_the_wrong_type_fails_the_run_in_words(in_a
 
 def test_a_branch_returning_a_field_of_the_wrong_type_fails_and_the_join_runs(in_acme):
     run = start("unstorable", input={"how": "fail_number_branch"})
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     branch = Branch.objects.get(run=run)
     assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
     branch.refresh_from_db()
@@ -249,7 +249,7 @@ def test_an_exception_message_holding_a_nul_is_recorded(in_acme):
 
 def test_a_branch_returning_what_cannot_be_stored_fails_and_the_join_runs(in_acme):
     run = start("unstorable", input={"how": "nan_branch"})
-    assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+    assert advanced(run.id) == engine.Outcome.PARKED
     assert engine.branch_advance(run_id=run.id, index=0) == engine.Outcome.ENDED
     run = finished(run.id)
     assert run.status == "succeeded"

@@ -17,7 +17,7 @@ from runs.services import run_start
 from runs.transitions import fan_out, finish
 from sandboxes.models import SandboxExecution, WorkspaceSnapshot
 from sandboxes.services import SandboxSession, run_dir
-from tests.support.runs import dispatcher_held
+from tests.support.runs import advanced, dispatcher_held
 from tests.support.waiting import wait_for
 
 sandbox_fan = Agent("sandbox_fan", version=1)
@@ -43,7 +43,7 @@ def test_fan_out_branches_keep_their_own_sandbox_calls(in_acme, s3):
     run = run_start(agent="sandbox_fan", input={"words": ["north", "south", "east"]},
                     enqueue=False).run
     with dispatcher_held():  # driven here, the join too, not by a session worker
-        assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+        assert advanced(run.id) == engine.Outcome.PARKED
         ReadyRun.objects.filter(run_id=run.id).delete()
         for index in range(3):
             assert engine.branch_advance(run_id=run.id, index=index) == engine.Outcome.ENDED

@@ -18,6 +18,14 @@ def start(agent: str, **kwargs) -> Run:
     return run_start(agent=agent, enqueue=False, **kwargs).run
 
 
+def advanced(run_id, **kwargs) -> engine.Outcome:
+    """`engine.advance`, slice after slice, until the run parks, ends or is not claimed: how
+    that advance ended. A loaded machine may use up a slice (RUN_SLICE_SECONDS) in a step."""
+    while (outcome := engine.advance(run_id=run_id, **kwargs)) == engine.Outcome.SLICE_USED:
+        pass
+    return outcome
+
+
 def finished(run_id, *, timeout: float = 30.0, **kwargs) -> Run:
     """Advance the run in this process, slice after slice, until it parks or ends. A worker this
     test session started may take the run first (a decision or an event rings its doorbell):

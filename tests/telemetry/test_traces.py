@@ -13,6 +13,7 @@ from runs import engine
 from runs.agents import Agent, RetryPolicy, registry
 from runs.services import run_start
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
+from tests.support.runs import advanced
 
 EXPORTER = InMemorySpanExporter()
 
@@ -30,7 +31,7 @@ def test_run_step_and_model_effect_spans_nest_and_carry_tokens(in_acme, fake_ope
     credential_set(connector="model", secrets={"api_key": "sk-test",
                                                "base_url": fake_openai.url + "/v1"})
     run = run_start(agent="worldly", enqueue=False, input={"what": "think"}).run
-    assert engine.advance(run_id=run.id) == engine.Outcome.ENDED
+    assert advanced(run.id) == engine.Outcome.ENDED
     spans = {span.name: span for span in EXPORTER.get_finished_spans()}
     advance, step, effect = spans["run.advance"], spans["step act"], spans["effect model-1"]
     assert advance.attributes["run.id"] == str(run.id) and advance.attributes["tenant"] == "acme"

@@ -25,7 +25,7 @@ from runs.usage.quotas import QuotaExceeded, month_model_use, quota_check_start,
 from tenants.throttling import TenantPlanRateThrottle
 from tests.dashboard.conftest import person, signed_in
 from tests.support.fakes.fixtures import fake_openai  # noqa: F401
-from tests.support.runs import finished
+from tests.support.runs import advanced, finished
 
 
 def _use(tenant, name, now=None):
@@ -137,7 +137,7 @@ def test_a_run_crossing_the_monthly_token_quota_parks_for_the_owner(acme, quotas
         # room for what was used this month so far and nothing more: the first call crosses it
         tokens, _ = _month(acme)
         quotas(acme, tokens_per_month=tokens + 1)
-        assert engine.advance(run_id=run.id) == engine.Outcome.PARKED
+        assert advanced(run.id) == engine.Outcome.PARKED
         approval = Approval.objects.get(run=run, kind="quota")
         assert approval.deciders == ["role:owner"]
         assert approval.request["quota"] == "tokens_per_month"
