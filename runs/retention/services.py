@@ -88,7 +88,7 @@ class PassReport:
     failed: int = 0
     archived_bytes: int = 0
     pruned_events: int = 0  # inbound events past EVENT_DEDUPE_RETENTION_SECONDS
-    stopped: str = ""  # why the pass stopped early (S3 unavailable), if it did
+    stopped: str = ""  # why the pass stopped early, if it did: `chunk_stops_pass`
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -118,13 +118,29 @@ def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | No
                 else:
                     report.discarded += 1
             report.failed += len(done.failures)
-            if stopped := next((exc for exc in done.failures.values()
-                                if isinstance(exc, ArchiveStoreUnavailable)), None):
-                report.stopped = str(stopped)  # the next chunk would fail the same way: stop here
+            if stopped := chunk_stops_pass(done):
+                report.stopped = stopped  # the next chunk would fail the same way: stop here
                 break
     if report.failed:
         log.warning("retention pass in %s: %s", tenant.schema_name, report.as_dict())
     return report
+
+
+def chunk_stops_pass(done: "ChunkArchived") -> str:
+    """Why a pass stops after this chunk, in words ("" if it goes on): S3 is unavailable, or the
+    store refused every upload of the chunk, two or more, as bytes that did not match their
+    checksum (the path to it changes them): the next chunk's runs would be sealed and sent for
+    nothing. Their runs stay hot, recorded failed, for a later pass."""
+    failures = done.failures.values()
+    if unavailable := next((exc for exc in failures
+                            if isinstance(exc, ArchiveStoreUnavailable)), None):
+        return str(unavailable)
+    refused = sum(isinstance(exc, store.UploadRefused) for exc in failures)
+    if refused >= 2 and refused == len(done.failures) and not any(
+            archive.status == Archive.Status.ARCHIVED for archive in done.archives):
+        return (f"the archive store refused all {refused} uploads of a chunk: the bytes it "
+                "received were not the ones sent")
+    return ""
 
 
 @dataclass

@@ -49,6 +49,10 @@ def run_objects_prefix(*, schema: str, run_id) -> str:
     return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}."
 
 
+class UploadRefused(ArchiveCorrupt):
+    """The store refused an upload: the bytes it received did not match the checksum sent."""
+
+
 class ObjectExists(ArchiveError):
     """The key already holds an object: an archive object is written once, never replaced."""
 
@@ -139,7 +143,7 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
         if exc.response.get("Error", {}).get("Code") in KEY_TAKEN:
             raise ObjectExists(f"{key}: the key already holds an object") from exc
         if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
-            raise ArchiveCorrupt(f"{key}: the store refused the upload: the bytes it received "
+            raise UploadRefused(f"{key}: the store refused the upload: the bytes it received "
                                  f"are not the {len(blob)} bytes sent") from exc
         log.warning("S3 could not store %s: %s", key, exc)
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc

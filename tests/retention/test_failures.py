@@ -27,9 +27,9 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def oldest_runs(count: int, **kwargs):
+def oldest_runs(count: int, *, days: int = 900, **kwargs):
     """Runs older than any other test's, so a pass (oldest first) takes them first."""
-    return [run_finished(age=timedelta(days=900 - i), **kwargs) for i in range(count)]
+    return [run_finished(age=timedelta(days=days - i), **kwargs) for i in range(count)]
 
 
 def objects_of(run_id) -> list[str]:
@@ -385,3 +385,42 @@ def test_a_chunk_that_fails_mid_read_waits_for_its_uploads_before_it_lets_the_ru
                                      uploader=store.uploader_open())
         assert set(done.failures) == {first.id, second.id}  # rolled back: both stay hot
         assert finished == [store.object_key_for(schema="acme", run_id=first.id)]
+
+
+def test_a_store_that_refuses_every_upload_of_a_chunk_stops_the_pass_and_loses_nothing(
+        archive_pass, monkeypatch, in_acme):
+    first, second, third = oldest_runs(3, days=2000)  # older than what other tests leave hot
+    before = {run.id: hot_rows(run.id) for run in (first, second, third)}
+    flipping = Tampering(flip=True).uploader()  # every archive's bytes change on the way
+    monkeypatch.setattr(store, "uploader_open", lambda **kwargs: flipping)
+    monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", 2)  # the oldest two, then the third
+    report = archive_pass()
+    assert "refused all 2 uploads of a chunk" in report.stopped
+    assert report.failed == 2 and report.archived == 0
+    assert [Archive.objects.get(run_id=run.id).status for run in (first, second)] == ["failed"] * 2
+    assert not Archive.objects.filter(run_id=third.id).exists()  # never sealed nor sent
+    assert {run.id: hot_rows(run.id) for run in (first, second, third)} == before
+    monkeypatch.undo()
+    report = archive_pass()
+    assert report.stopped == ""
+    assert {Archive.objects.get(run_id=run.id).status for run in (first, second, third)} == {
+        "archived"}
+
+
+def test_one_refused_upload_does_not_stop_the_pass(archive_pass, monkeypatch, in_acme):
+    first, second = oldest_runs(2, days=2000)
+    flipping = Tampering(flip=True).uploader()
+    real_put = store.object_put_verified
+
+    def put(*, key, blob, uploader=None):  # only the oldest run's bytes change on the way
+        return real_put(key=key, blob=blob, uploader=flipping if str(first.id) in key else uploader)
+
+    monkeypatch.setattr(store, "object_put_verified", put)
+    monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", 2)
+    report = archive_pass()
+    assert report.stopped == "" and report.failed == 1
+    assert Archive.objects.get(run_id=first.id).status == "failed"
+    assert Archive.objects.get(run_id=second.id).status == "archived"
+    monkeypatch.undo()
+    archive_pass()  # not left hot for the next test's pass to take first
+    assert Archive.objects.get(run_id=first.id).status == "archived"
