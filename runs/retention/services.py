@@ -128,17 +128,21 @@ def archive_pass(*, tenant: Tenant, now: datetime | None = None, limit: int | No
 
 def chunk_stops_pass(done: "ChunkArchived") -> str:
     """Why a pass stops after this chunk, in words ("" if it goes on): S3 is unavailable, or the
-    store refused every upload of the chunk, two or more, as bytes that did not match their
-    checksum (the path to it changes them): the next chunk's runs would be sealed and sent for
-    nothing. Their runs stay hot, recorded failed, for a later pass."""
+    store refused every upload of the chunk that ended, two or more, as bytes that did not match
+    their checksum, with nothing archived and one of them a run's first attempt. Then the path to
+    the store changes the bytes, and the next chunk's runs would be sealed and sent for nothing.
+    Runs refused again and again (their bytes, not the path) do not stop it: they would hold
+    back every run behind them. The refused runs stay hot, recorded failed, for a later pass."""
     failures = done.failures.values()
     if unavailable := next((exc for exc in failures
                             if isinstance(exc, ArchiveStoreUnavailable)), None):
         return str(unavailable)
-    refused = sum(isinstance(exc, store.UploadRefused) for exc in failures)
-    if refused >= 2 and refused == len(done.failures) and not any(
-            archive.status == Archive.Status.ARCHIVED for archive in done.archives):
-        return (f"the archive store refused all {refused} uploads of a chunk: the bytes it "
+    refused = [run_id for run_id, exc in done.failures.items()
+               if isinstance(exc, store.UploadRefused)]
+    if (len(refused) >= 2 and len(refused) == len(done.failures)
+            and not any(archive.status == Archive.Status.ARCHIVED for archive in done.archives)
+            and Archive.objects.filter(run_id__in=refused, attempts=1).exists()):
+        return (f"the archive store refused all {len(refused)} uploads of a chunk: the bytes it "
                 "received were not the ones sent")
     return ""
 

@@ -407,20 +407,42 @@ def test_a_store_that_refuses_every_upload_of_a_chunk_stops_the_pass_and_loses_n
         "archived"}
 
 
-def test_one_refused_upload_does_not_stop_the_pass(archive_pass, monkeypatch, in_acme):
-    first, second = oldest_runs(2, days=2000)
+@pytest.mark.parametrize("fates, stops", [
+    (("refused", "refused"), True),
+    (("refused", "refused", "archived"), False),  # the path took one: not it
+    (("refused", "discarded"), False),  # one refusal: a byte flipped once
+    (("refused", "refused", "crashed"), False),  # not every failure a refusal
+    (("refused again", "refused again"), False),  # those runs' own bytes, again and again
+])
+def test_which_refusals_stop_the_pass(archive_pass, monkeypatch, in_acme, fates, stops):
+    runs = oldest_runs(len(fates), days=2000)  # older than what other tests leave hot
+    fate = dict(zip((str(run.id) for run in runs), fates, strict=True))
+    for run_id, what in fate.items():
+        if what == "discarded":
+            services.run_retention_set(run_id=run_id, archive_required=False)
+        if what == "refused again":  # an earlier pass's attempt failed
+            services.archive_failure_record(run_id=run_id, error=store.UploadRefused("earlier"))
     flipping = Tampering(flip=True).uploader()
     real_put = store.object_put_verified
 
-    def put(*, key, blob, uploader=None):  # only the oldest run's bytes change on the way
-        return real_put(key=key, blob=blob, uploader=flipping if str(first.id) in key else uploader)
+    def put(*, key, blob, uploader=None):
+        refused = fate.get(key.rsplit("/", 1)[1].split(".")[0], "").startswith("refused")
+        return real_put(key=key, blob=blob, uploader=flipping if refused else uploader)
+
+    def after_upload(run_id):
+        if fate.get(str(run_id)) == "crashed":
+            raise RuntimeError("crashed after its upload")
 
     monkeypatch.setattr(store, "object_put_verified", put)
-    monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", 2)
+    monkeypatch.setattr(services, "after_upload", after_upload)
+    monkeypatch.setattr(settings, "RETENTION_CHUNK_SIZE", len(fates))  # these runs, then others
+    later = run_finished(age=timedelta(days=1000))  # due, in the next chunk
     report = archive_pass()
-    assert report.stopped == "" and report.failed == 1
-    assert Archive.objects.get(run_id=first.id).status == "failed"
-    assert Archive.objects.get(run_id=second.id).status == "archived"
+    assert ("refused all 2 uploads of a chunk" in report.stopped) is stops
+    assert Archive.objects.filter(run_id=later.id, status="archived").exists() is not stops
+    assert {str(a.run_id): a.status for a in Archive.objects.filter(run_id__in=fate)} == {
+        run_id: {"refused": "failed", "refused again": "failed", "crashed": "failed"}.get(
+            what, what) for run_id, what in fate.items()}
     monkeypatch.undo()
     archive_pass()  # not left hot for the next test's pass to take first
-    assert Archive.objects.get(run_id=first.id).status == "archived"
+    assert not Archive.objects.filter(run_id__in=fate, status="failed").exists()
