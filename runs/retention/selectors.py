@@ -13,7 +13,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Subquery, Sum
 from django.utils.duration import duration_iso_string
 
 from runs.agents import RetentionPolicy, UnknownAgent, registry
@@ -67,20 +67,41 @@ def policy_for(*, agent: str, version: int, history: str | None = None,
                                **{k: v for k, v in override.items() if v is not None})
 
 
+RETRIED_SHARE = 10  # a tenth of a pass's batch is kept for runs whose archive failed before
+
+
 def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]:
-    """Finished runs past their TTL, oldest first, with the policy that applies to each."""
+    """Finished runs past their TTL, with the policy that applies to each: those not tried
+    before, oldest first, and a tenth of `limit` for those whose archive failed before, fewest
+    attempts first. Room one kind leaves goes to the other: runs that fail on every pass do not
+    hold back the runs behind them, and new runs do not shut them out."""
     fallback = tenant_policy()
     ttls = [fallback.ttl] + [a.retention.ttl for a in registry.all() if a.retention]
     if shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]:
         ttls.append(shortest_override)
-    candidates = (
-        Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls))
-        .order_by("finished_at")
-        .values_list("id", "agent", "agent_version", "finished_at", "retention_override__history",
-                     "retention_override__ttl", "retention_override__archive_required")
-    )
+    finished = Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls))
+    failed = Exists(Archive.objects.filter(run_id=OuterRef("id"), status=Archive.Status.FAILED))
+    attempts = Subquery(Archive.objects.filter(run_id=OuterRef("id")).values("attempts")[:1])
+    retried_runs = finished.filter(failed).annotate(attempts=attempts).order_by("attempts",
+                                                                                "finished_at")
+    share = limit // RETRIED_SHARE
+    retried = _due(retried_runs, now=now, fallback=fallback, limit=share)
+    fresh = _due(finished.filter(~failed).order_by("finished_at"), now=now, fallback=fallback,
+                 limit=limit - len(retried))
+    if len(retried) == share and len(fresh) + share < limit:  # room the new runs left
+        retried = _due(retried_runs, now=now, fallback=fallback, limit=limit - len(fresh))
+    return fresh + retried
+
+
+def _due(candidates: models.QuerySet, *, now: datetime, fallback: RetentionPolicy,
+         limit: int) -> list[tuple[UUID, RetentionPolicy]]:
+    """Up to `limit` of `candidates` (finished runs, in the order given) past their own TTL."""
     due = []
-    for run_id, agent, version, finished_at, history, ttl, archive_required in candidates.iterator():
+    if limit <= 0:
+        return due
+    for run_id, agent, version, finished_at, history, ttl, archive_required in candidates.values_list(
+            "id", "agent", "agent_version", "finished_at", "retention_override__history",
+            "retention_override__ttl", "retention_override__archive_required").iterator():
         policy = policy_for(agent=agent, version=version, history=history, ttl=ttl,
                             archive_required=archive_required, fallback=fallback)
         if finished_at + policy.ttl <= now:

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import OperationalError
+from django.utils import timezone
 
 from agentplatform.s3 import s3_client
 from runs.agents import RetentionPolicy
@@ -446,3 +447,19 @@ def test_which_refusals_stop_the_pass(archive_pass, monkeypatch, in_acme, fates,
     monkeypatch.undo()
     archive_pass()  # not left hot for the next test's pass to take first
     assert not Archive.objects.filter(run_id__in=fate, status="failed").exists()
+
+
+def test_runs_that_fail_every_pass_do_not_hold_back_the_runs_behind_them(archive_pass, in_acme):
+    stuck = oldest_runs(4, days=3000)  # oldest of all: a pass used to take them first
+    for run in stuck:
+        services.archive_failure_record(run_id=run.id, error=store.UploadRefused("refused"))
+    services.archive_failure_record(run_id=stuck[0].id, error=store.UploadRefused("again"))
+    behind = oldest_runs(3, days=2500)
+    due = [run_id for run_id, _ in selectors.runs_due(now=timezone.now(), limit=4)]
+    assert {run.id for run in behind} <= set(due)  # a batch no bigger than the stuck runs
+    due = [run_id for run_id, _ in selectors.runs_due(now=timezone.now(), limit=20)]
+    assert {run.id for run in behind} <= set(due)
+    assert {stuck[1].id, stuck[2].id} <= set(due)  # a tenth for them, fewest attempts first
+    archive_pass()  # nothing refuses now: all of them archived, none left hot for other tests
+    assert not Archive.objects.filter(run_id__in=[r.id for r in stuck + behind]).exclude(
+        status="archived").exists()
