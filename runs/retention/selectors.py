@@ -84,13 +84,15 @@ def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]
     attempts = Subquery(Archive.objects.filter(run_id=OuterRef("id")).values("attempts")[:1])
     retried_runs = finished.filter(failed).annotate(attempts=attempts).order_by("attempts",
                                                                                 "finished_at")
-    share = limit // RETRIED_SHARE
+    share = -(-limit // RETRIED_SHARE) if limit > 1 else 0  # a tenth, rounded up
     retried = _due(retried_runs, now=now, fallback=fallback, limit=share)
     fresh = _due(finished.filter(~failed).order_by("finished_at"), now=now, fallback=fallback,
                  limit=limit - len(retried))
     if len(retried) == share and len(fresh) + share < limit:  # room the new runs left
         retried = _due(retried_runs, now=now, fallback=fallback, limit=limit - len(fresh))
-    return fresh + retried
+    # Each query reads its own snapshot: a run whose archive failed in between is in both.
+    taken = {run_id for run_id, _ in fresh}
+    return fresh + [(run_id, policy) for run_id, policy in retried if run_id not in taken]
 
 
 def _due(candidates: models.QuerySet, *, now: datetime, fallback: RetentionPolicy,

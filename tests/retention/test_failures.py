@@ -454,12 +454,19 @@ def test_runs_that_fail_every_pass_do_not_hold_back_the_runs_behind_them(archive
     for run in stuck:
         services.archive_failure_record(run_id=run.id, error=store.UploadRefused("refused"))
     services.archive_failure_record(run_id=stuck[0].id, error=store.UploadRefused("again"))
-    behind = oldest_runs(3, days=2500)
-    due = [run_id for run_id, _ in selectors.runs_due(now=timezone.now(), limit=4)]
-    assert {run.id for run in behind} <= set(due)  # a batch no bigger than the stuck runs
-    due = [run_id for run_id, _ in selectors.runs_due(now=timezone.now(), limit=20)]
-    assert {run.id for run in behind} <= set(due)
-    assert {stuck[1].id, stuck[2].id} <= set(due)  # a tenth for them, fewest attempts first
+    behind = oldest_runs(18, days=2500)
+    # As of 2,000 days ago only these runs had finished 30 days (the TTL) before: no other
+    # test's run is due then.
+    then = timezone.now() - timedelta(days=2000)
+
+    def due(limit: int) -> list:
+        return [run_id for run_id, _ in selectors.runs_due(now=then, limit=limit)]
+
+    # a tenth of the batch for them, fewest attempts first; the rest to the runs behind, oldest first
+    assert due(20) == [run.id for run in behind] + [stuck[1].id, stuck[2].id]
+    assert due(4) == [run.id for run in behind[:3]] + [stuck[1].id]
+    # the room the runs behind leave goes to them too
+    assert due(30) == [run.id for run in behind] + [run.id for run in stuck[1:] + stuck[:1]]
     archive_pass()  # nothing refuses now: all of them archived, none left hot for other tests
     assert not Archive.objects.filter(run_id__in=[r.id for r in stuck + behind]).exclude(
         status="archived").exists()
