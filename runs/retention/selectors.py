@@ -72,8 +72,8 @@ RETRIED_SHARE = 10  # a tenth of a pass's batch is kept for runs whose archive f
 
 def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]:
     """Finished runs past their TTL, with the policy that applies to each: those not tried
-    before, oldest first, and a tenth of `limit` for those whose archive failed before, fewest
-    attempts first. Room one kind leaves goes to the other: runs that fail on every pass do not
+    before, oldest first, and a tenth of `limit` (rounded up) for those whose archive failed
+    before, fewest attempts first. Room one kind leaves goes to the other: runs that fail on every pass do not
     hold back the runs behind them, and new runs do not shut them out."""
     fallback = tenant_policy()
     ttls = [fallback.ttl] + [a.retention.ttl for a in registry.all() if a.retention]

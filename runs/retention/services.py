@@ -133,8 +133,7 @@ def chunk_stops_pass(done: "ChunkArchived") -> str:
     the store changes the bytes, and the next chunk's runs would be sealed and sent for nothing.
     Runs refused again and again (their bytes, not the path) do not stop it: they would hold
     back every run behind them. The refused runs stay hot, recorded failed, for a later pass."""
-    failures = done.failures.values()
-    if unavailable := next((exc for exc in failures
+    if unavailable := next((exc for exc in done.failures.values()
                             if isinstance(exc, ArchiveStoreUnavailable)), None):
         return str(unavailable)
     refused = [run_id for run_id, exc in done.failures.items()

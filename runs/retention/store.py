@@ -144,7 +144,7 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
             raise ObjectExists(f"{key}: the key already holds an object") from exc
         if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
             raise UploadRefused(f"{key}: the store refused the upload: the bytes it received "
-                                 f"are not the {len(blob)} bytes sent") from exc
+                                f"are not the {len(blob)} bytes sent") from exc
         log.warning("S3 could not store %s: %s", key, exc)
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
     except BotoCoreError as exc:
