@@ -32,6 +32,11 @@ DIGEST_REFUSED = ("BadDigest", "XAmzContentSHA256Mismatch")
 KEY_TAKEN = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
+def error_code(exc: ClientError) -> str | None:
+    """The S3 error code a refused request came back with (BadDigest, NoSuchKey, ...)."""
+    return exc.response.get("Error", {}).get("Code")
+
+
 def probe_key() -> str:
     """Where `store_checks_sha256` probes: under the archives' prefix, outside every tenant's."""
     return f"{settings.RETENTION_S3_PREFIX}/.checksum-probe"
@@ -41,8 +46,8 @@ def object_key_for(*, schema: str, run_id, blob: bytes | None = None) -> str:
     """Where a run's archive goes: `<run id>.jsonl.gz.enc`, or, with `blob` (when an earlier
     attempt's object holds that key, or the store does not write once),
     `<run id>.<its sha256's first 16 hex>.jsonl.gz.enc`. `run_objects_prefix` holds both."""
-    suffix = f".{hashlib.sha256(blob).hexdigest()[:16]}" if blob is not None else ""
-    return f"{settings.RETENTION_S3_PREFIX}/{schema}/archives/{run_id}{suffix}.jsonl.gz.enc"
+    named = f"{hashlib.sha256(blob).hexdigest()[:16]}." if blob is not None else ""
+    return f"{run_objects_prefix(schema=schema, run_id=run_id)}{named}jsonl.gz.enc"
 
 
 def run_objects_prefix(*, schema: str, run_id) -> str:
@@ -88,7 +93,7 @@ def store_writes_once(client) -> bool:
             client.put_object(Bucket=settings.S3_BUCKET, Key=key, Body=b"probe", IfNoneMatch="*")
             refused = False
         except ClientError as exc:
-            refused = exc.response.get("Error", {}).get("Code") in KEY_TAKEN
+            refused = error_code(exc) in KEY_TAKEN
         client.delete_object(Bucket=settings.S3_BUCKET, Key=key)
     except (BotoCoreError, ClientError):
         return False
@@ -109,7 +114,7 @@ def store_checks_sha256(client) -> bool:
         client.put_object(Bucket=settings.S3_BUCKET, Key=probe_key(), Body=b"checksum probe",
                           ChecksumSHA256=wrong)
     except ClientError as exc:
-        return exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED
+        return error_code(exc) in DIGEST_REFUSED
     except BotoCoreError:
         return False
     log.warning("the archive store took an upload whose SHA-256 did not match it: each archive "
@@ -140,9 +145,9 @@ def object_put_verified(*, key: str, blob: bytes, uploader: Uploader | None = No
             Bucket=settings.S3_BUCKET, Key=key, Body=blob, ContentType="application/octet-stream",
             ChecksumSHA256=checksum, Metadata={"sha256": digest}, **once)
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in KEY_TAKEN:
+        if error_code(exc) in KEY_TAKEN:
             raise ObjectExists(f"{key}: the key already holds an object") from exc
-        if exc.response.get("Error", {}).get("Code") in DIGEST_REFUSED:
+        if error_code(exc) in DIGEST_REFUSED:
             raise UploadRefused(f"{key}: the store refused the upload: the bytes it received "
                                 f"are not the {len(blob)} bytes sent") from exc
         log.warning("S3 could not store %s: %s", key, exc)
@@ -184,7 +189,7 @@ def object_get(*, key: str) -> bytes:
     try:
         return s3_client().get_object(Bucket=settings.S3_BUCKET, Key=key)["Body"].read()
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        if error_code(exc) in ("NoSuchKey", "404"):
             raise ArchiveCorrupt(f"{key}: the archive object is missing from the bucket") from exc
         log.warning("S3 could not read %s: %s", key, exc)
         raise ArchiveStoreUnavailable(UNAVAILABLE) from exc
