@@ -76,6 +76,9 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["status", "created_at"]),
             models.Index(fields=["agent", "created_at"]),
+            # retention's pick of the runs due, oldest first (migration 0012 builds it concurrently)
+            models.Index(fields=["finished_at", "id"], name="runs_run_finished_idx",
+                         condition=models.Q(finished_at__isnull=False)),
         ]
         # The hot path writes raw SQL, which `choices` never see: the database holds the rules
         # (docs/decisions/0009-state-rules.md).

@@ -13,7 +13,22 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 from django.utils.duration import duration_iso_string
 
 from runs.agents import RetentionPolicy, UnknownAgent, registry
@@ -73,44 +88,55 @@ RETRIED_SHARE = 10  # a tenth of a pass's batch is kept for runs whose archive f
 def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]:
     """Finished runs past their TTL, with the policy that applies to each: those not tried
     before, oldest first, and a tenth of `limit` (rounded up) for those whose archive failed
-    before, fewest attempts first. Room one kind leaves goes to the other: runs that fail on every pass do not
-    hold back the runs behind them, and new runs do not shut them out."""
+    before, fewest attempts first. Room one kind leaves goes to the other: runs that fail on
+    every pass do not hold back the runs behind them, and new runs do not shut them out.
+
+    Each run's TTL is decided in the query (`_ttl`, the same rule as `policy_for`), which reads
+    finished runs oldest first on their index and stops at the batch: a pass costs its batch,
+    not the tenant's whole backlog of finished runs, nor a list of them held in memory."""
     fallback = tenant_policy()
-    ttls = [fallback.ttl] + [a.retention.ttl for a in registry.all() if a.retention]
+    agents = [agent for agent in registry.all() if agent.retention]
+    ttls = [fallback.ttl] + [agent.retention.ttl for agent in agents]
     if shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]:
         ttls.append(shortest_override)
-    finished = Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls))
+    finished = Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls)).alias(
+        due_at=ExpressionWrapper(F("finished_at") + _ttl(agents, fallback),
+                                 output_field=models.DateTimeField())).filter(due_at__lte=now)
     failed = Exists(Archive.objects.filter(run_id=OuterRef("id"), status=Archive.Status.FAILED))
     attempts = Subquery(Archive.objects.filter(run_id=OuterRef("id")).values("attempts")[:1])
-    retried_runs = finished.filter(failed).annotate(attempts=attempts).order_by("attempts",
-                                                                                "finished_at")
+    retried_runs = finished.filter(failed).annotate(attempts=attempts).order_by(
+        "attempts", "finished_at", "id")
     share = -(-limit // RETRIED_SHARE) if limit > 1 else 0  # a tenth, rounded up
-    retried = _due(retried_runs, now=now, fallback=fallback, limit=share)
-    fresh = _due(finished.filter(~failed).order_by("finished_at"), now=now, fallback=fallback,
+    retried = _due(retried_runs, fallback=fallback, limit=share)
+    fresh = _due(finished.filter(~failed).order_by("finished_at", "id"), fallback=fallback,
                  limit=limit - len(retried))
     if len(retried) == share and len(fresh) + share < limit:  # room the new runs left
-        retried = _due(retried_runs, now=now, fallback=fallback, limit=limit - len(fresh))
+        retried = _due(retried_runs, fallback=fallback, limit=limit - len(fresh))
     # Each query reads its own snapshot: a run whose archive failed in between is in both.
     taken = {run_id for run_id, _ in fresh}
     return fresh + [(run_id, policy) for run_id, policy in retried if run_id not in taken]
 
 
-def _due(candidates: models.QuerySet, *, now: datetime, fallback: RetentionPolicy,
+def _ttl(agents: list, fallback: RetentionPolicy) -> Coalesce:
+    """A run's TTL as SQL: its own override, else its agent's declared TTL, else `fallback`'s."""
+    declared = [When(Q(agent=agent.name, agent_version=agent.version),
+                     then=Value(agent.retention.ttl)) for agent in agents]
+    return Coalesce("retention_override__ttl",
+                    Case(*declared, default=Value(fallback.ttl),
+                         output_field=models.DurationField()) if declared
+                    else Value(fallback.ttl, output_field=models.DurationField()))
+
+
+def _due(candidates: models.QuerySet, *, fallback: RetentionPolicy,
          limit: int) -> list[tuple[UUID, RetentionPolicy]]:
-    """Up to `limit` of `candidates` (finished runs, in the order given) past their own TTL."""
-    due = []
+    """The first `limit` of `candidates` (runs due, in the order given), each with its policy."""
     if limit <= 0:
-        return due
-    for run_id, agent, version, finished_at, history, ttl, archive_required in candidates.values_list(
-            "id", "agent", "agent_version", "finished_at", "retention_override__history",
-            "retention_override__ttl", "retention_override__archive_required").iterator():
-        policy = policy_for(agent=agent, version=version, history=history, ttl=ttl,
-                            archive_required=archive_required, fallback=fallback)
-        if finished_at + policy.ttl <= now:
-            due.append((run_id, policy))
-            if len(due) >= limit:
-                break
-    return due
+        return []
+    return [(run_id, policy_for(agent=agent, version=version, history=history, ttl=ttl,
+                                archive_required=archive_required, fallback=fallback))
+            for run_id, agent, version, history, ttl, archive_required in candidates.values_list(
+                "id", "agent", "agent_version", "retention_override__history",
+                "retention_override__ttl", "retention_override__archive_required")[:limit]]
 
 
 def shallow_runs() -> models.QuerySet:

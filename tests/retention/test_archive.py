@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentplatform.s3 import s3_client
@@ -91,6 +92,39 @@ def test_unfinished_runs_and_runs_within_ttl_are_never_touched(archive_pass):
     for run_id, counts in before.items():
         assert hot_rows(run_id) == counts
         assert not Archive.objects.filter(run_id=run_id).exists()
+
+
+def test_each_run_is_due_by_its_own_ttl_and_a_backlog_not_due_holds_back_none(archive_pass):
+    then = timezone.now() - timedelta(days=5000)  # as of then, no other test's run is due
+
+    def finished(days: float, ttl: timedelta | None = None, **kwargs) -> Run:
+        run = run_finished(**kwargs)
+        Run.objects.filter(id=run.id).update(finished_at=then - timedelta(days=days))
+        if ttl is not None:
+            services.run_retention_set(run_id=run.id, ttl=ttl)
+        return run
+
+    oldest = finished(40)  # past the tenant's 30 days
+    # older than the runs due behind them, and than the shortest TTL (tidy's day), but within
+    # their own: the tenant's 30 days, and an override's 90 over tidy's day
+    backlog = [finished(10 + i) for i in range(4)] + [finished(9, agent="tidy", ttl=timedelta(days=90))]
+    shortened = finished(3, ttl=timedelta(days=1))  # the tenant's agent, its own day
+    tidy = finished(2, agent="tidy")  # its agent's day
+    finished(0.5, agent="tidy")  # within that day
+
+    with CaptureQueriesContext(connection) as queries:
+        due = selectors.runs_due(now=then, limit=3)
+    assert [run_id for run_id, _ in due] == [oldest.id, shortened.id, tidy.id]
+    policies = dict(due)
+    assert (policies[shortened.id].history, policies[shortened.id].ttl) == ("full", timedelta(days=1))
+    assert (policies[tidy.id].history, policies[tidy.id].ttl) == ("shallow", timedelta(days=1))
+    assert [run_id for run_id, _ in selectors.runs_due(now=then, limit=2)] == [oldest.id, shortened.id]
+    # each pick of runs stops at its batch in the database, not after reading the backlog
+    picks = [q["sql"] for q in queries.captured_queries if 'FROM "runs_run"' in q["sql"]]
+    assert picks and all("LIMIT" in sql for sql in picks), picks
+    archive_pass()  # all of them are long due now: none is left hot for other tests
+    assert Archive.objects.filter(run_id__in=[oldest.id, shortened.id, tidy.id, *(r.id for r in backlog)],
+                                  status="archived").count() == 8
 
 
 def test_agent_policy_without_archive_prunes_without_an_object(archive_pass):
