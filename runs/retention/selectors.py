@@ -97,7 +97,7 @@ def runs_due(*, now: datetime, limit: int) -> list[tuple[UUID, RetentionPolicy]]
     fallback = tenant_policy()
     agents = [agent for agent in registry.all() if agent.retention]
     ttls = [fallback.ttl] + [agent.retention.ttl for agent in agents]
-    if shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]:
+    if (shortest_override := RunRetention.objects.aggregate(ttl=Min("ttl"))["ttl"]) is not None:
         ttls.append(shortest_override)
     finished = Run.objects.filter(status__in=Run.FINISHED, finished_at__lte=now - min(ttls)).alias(
         due_at=ExpressionWrapper(F("finished_at") + _ttl(agents, fallback),

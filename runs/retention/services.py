@@ -410,17 +410,22 @@ def shallow_compact() -> int:
         return cursor.rowcount
 
 
+TTL_DAYS_MAX = 3650  # a tenant's or a run's: ten years
+
+
 def run_retention_set(*, run_id: UUID, history: str | None = None, ttl=None,
                       archive_required: bool | None = None) -> RunRetention:
-    """Override the agent's retention policy for one run (null fields keep the agent's)."""
+    """Override the agent's retention policy for one run (null fields keep the agent's). The
+    TTL is bounded as the tenant's is: a run's due time is computed in SQL, where a TTL past
+    the timestamp's range would fail its tenant's every pass."""
     if history not in (None, "full", "shallow"):
         raise RetentionError(f"history must be 'full' or 'shallow', not {history!r}")
+    if ttl is not None and not timedelta(0) < ttl <= timedelta(days=TTL_DAYS_MAX):
+        raise RetentionError(f"the time to live must be more than 0 and at most {TTL_DAYS_MAX} "
+                             f"days, not {ttl}")
     override, _ = RunRetention.objects.update_or_create(
         run_id=run_id, defaults={"history": history, "ttl": ttl, "archive_required": archive_required})
     return override
-
-
-TENANT_TTL_DAYS_MAX = 3650
 
 
 def tenant_retention_set(*, history: str, ttl_days: float, by: str) -> TenantRetention:
@@ -428,9 +433,9 @@ def tenant_retention_set(*, history: str, ttl_days: float, by: str) -> TenantRet
     platform keeps deciding whether runs are archived). Used from the next archive pass."""
     if history not in ("full", "shallow"):
         raise RetentionError(f"history must be 'full' or 'shallow', not {history!r}")
-    if not 0 < ttl_days <= TENANT_TTL_DAYS_MAX:
+    if not 0 < ttl_days <= TTL_DAYS_MAX:
         raise RetentionError(f"the time to live must be more than 0 and at most "
-                             f"{TENANT_TTL_DAYS_MAX} days, not {ttl_days:g}")
+                             f"{TTL_DAYS_MAX} days, not {ttl_days:g}")
     own, _ = TenantRetention.objects.update_or_create(
         id=1, defaults={"history": history, "ttl": timedelta(days=ttl_days), "updated_by": by})
     return own

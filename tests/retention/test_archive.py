@@ -127,6 +127,21 @@ def test_each_run_is_due_by_its_own_ttl_and_a_backlog_not_due_holds_back_none(ar
                                   status="archived").count() == 8
 
 
+@pytest.mark.parametrize("ttl", [timedelta(0), timedelta(seconds=-1), timedelta(days=3650, seconds=1),
+                                 timedelta.max])
+def test_a_runs_ttl_out_of_bounds_is_refused_and_the_pass_goes_on(archive_pass, ttl):
+    # timedelta.max would put the run's due time past PostgreSQL's timestamps: its tenant's
+    # every pass would fail on the pick
+    run = run_finished(steps=2)
+    with pytest.raises(services.RetentionError, match="more than 0 and at most 3650 days"):
+        services.run_retention_set(run_id=run.id, ttl=ttl)
+    services.run_retention_set(run_id=run.id, ttl=timedelta(days=3650))  # the bound itself
+    due = run_finished(steps=2)  # the pass is not stopped by the first one's ten years
+    archive_pass()
+    assert Archive.objects.filter(run_id=due.id, status="archived").exists()
+    assert not Archive.objects.filter(run_id=run.id).exists()
+
+
 def test_agent_policy_without_archive_prunes_without_an_object(archive_pass):
     run = run_finished()
     services.run_retention_set(run_id=run.id, archive_required=False)
