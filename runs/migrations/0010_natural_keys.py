@@ -18,6 +18,8 @@ import time
 
 from django.db import OperationalError, migrations, models, transaction
 
+from agentplatform.online_index import concurrently, index_valid, table_empty
+
 # table, its natural key, the unique constraint that stood for it
 KEYS = [
     ("runs_checkpoint", "run_id, visit", "checkpoint_run_visit_unique"),
@@ -27,35 +29,13 @@ LOCK_TIMEOUT, ATTEMPTS = "3s", 20
 LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
 
 
-# Every name is qualified with the tenant's schema: through a transaction pooler, a statement
-# outside a transaction (CREATE INDEX CONCURRENTLY) may reach a server connection whose
-# search_path is another tenant's.
-def _empty(cursor, schema: str, table: str) -> bool:
-    cursor.execute(f'SELECT NOT EXISTS (SELECT FROM "{schema}".{table})')
-    return cursor.fetchone()[0]
-
-
-def _concurrently(connection) -> str:
-    """CONCURRENTLY, unless a caller runs the migration inside its transaction (a tenant saved
-    through the ORM: django-tenants migrates its new schema there), where it cannot be."""
-    return "" if connection.in_atomic_block else "CONCURRENTLY"
-
-
-def _index_valid(cursor, schema: str, name: str) -> bool | None:
-    """Whether the index `name` is valid; None if there is none."""
-    cursor.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                   "WHERE c.relname = %s AND c.relnamespace = %s::regnamespace", [name, schema])
-    found = cursor.fetchone()
-    return None if found is None else found[0]
-
-
 def _index_concurrently(connection, cursor, schema: str, name: str, table: str,
                         columns: str) -> None:
     """A valid unique index `name` on `table (columns)`, built without blocking writers."""
-    valid = _index_valid(cursor, schema, name)
+    valid = index_valid(cursor, schema, name)
     if valid:
         return
-    how = _concurrently(connection)
+    how = concurrently(connection)
     if valid is not None:  # an interrupted concurrent build leaves an invalid index behind
         cursor.execute(f'DROP INDEX {how} "{schema}".{name}')
     cursor.execute(f'CREATE UNIQUE INDEX {how} {name} ON "{schema}".{table} ({columns})')
@@ -67,7 +47,7 @@ def _indexed(connection, schema: str, name: str, table: str, columns: str) -> li
     which then waits on nothing but the table: a concurrent build waits for every older
     transaction in the database. Returns what the swap runs first."""
     with connection.cursor() as cursor:
-        if _empty(cursor, schema, table):
+        if table_empty(cursor, schema, table):
             return [f'CREATE UNIQUE INDEX IF NOT EXISTS {name} ON "{schema}".{table} ({columns})']
         _index_concurrently(connection, cursor, schema, name, table, columns)
     return []
@@ -106,8 +86,8 @@ def forward(apps, schema_editor) -> None:
             if _swapped(cursor, schema, table, unique):
                 continue
             for leftover in (f"{table}_id", f"{unique}_idx"):  # of a reverse run that stopped
-                if _index_valid(cursor, schema, leftover) is not None:
-                    cursor.execute(f'DROP INDEX {_concurrently(connection)} "{schema}".{leftover}')
+                if index_valid(cursor, schema, leftover) is not None:
+                    cursor.execute(f'DROP INDEX {concurrently(connection)} "{schema}".{leftover}')
         first = _indexed(connection, schema, f"{table}_natural", table, columns)
         _swap(connection, [*first,
             f'ALTER TABLE "{schema}".{table} DROP CONSTRAINT {table}_pkey, '
