@@ -1,8 +1,10 @@
 """Failures: S3 down, a crash between upload and prune, and archives that must not be trusted."""
 
+import contextlib
 import hashlib
 import io
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -358,6 +360,83 @@ def test_a_late_upload_that_landed_first_is_kept_aside_and_deleted_once_the_arch
     archive = Archive.objects.get(run_id=run.id)
     assert archive.status == "archived" and archive.object_key != early.object_key
     assert objects_of(run.id) == [archive.object_key]  # the early one, which nothing recorded
+    assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
+
+
+def cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+class AnswerLost:
+    """A TCP relay to the test S3 that, once, passes a PUT to a key matching `lost` on to the
+    store and then cuts the connection instead of relaying the store's final answer: the
+    object is stored, and the client, which never heard so, retries the PUT."""
+
+    def __init__(self, target: str, lost) -> None:
+        self.target, self.lost, self.dropped = target, lost, []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            host, port = self.target.split("//", 1)[1].split(":")
+            upstream = socket.create_connection((host, int(port)))
+            put = threading.Event()
+            threading.Thread(target=self.requests, args=(client, upstream, put), daemon=True).start()
+            threading.Thread(target=self.answers, args=(upstream, client, put), daemon=True).start()
+
+    def requests(self, client, upstream, put) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if not self.dropped and data.startswith(b"PUT ") and self.lost(
+                        data.split(b" ", 2)[1].decode()):
+                    put.set()
+                upstream.sendall(data)
+        cut(upstream)
+
+    def answers(self, upstream, client, put) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                if put.is_set() and not data.startswith(b"HTTP/1.1 100"):
+                    self.dropped.append(data.split(b"\r\n", 1)[0].decode())
+                    break  # the store's answer to the PUT, never relayed
+                client.sendall(data)
+        cut(client)  # at once: a close() alone waits for the other thread's recv()
+        cut(upstream)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_put_whose_answer_was_lost_is_retried_and_the_object_read_back(
+        archive_pass, in_acme, settings):
+    """The run's key holds an attempt's object, so the archive goes to a key named after its
+    bytes; the store's answer to that PUT is lost, the client's retry is refused (the key
+    holds these bytes now), and the object is read back and found to be them."""
+    run, = oldest_runs(1)
+    live, rows = selectors.run_history(run_id=run.id), selectors.runs_rows(run_ids=[run.id])[run.id]
+    own = stale_upload(run.id, rows).object_key
+    prefix = store.run_objects_prefix(schema="acme", run_id=run.id)
+    relay = AnswerLost(settings.S3_ENDPOINT_URL,
+                       lost=lambda path: prefix in path and not path.split("?")[0].endswith(own))
+    endpoint, settings.S3_ENDPOINT_URL = settings.S3_ENDPOINT_URL, relay.url
+    try:
+        archive_pass()
+    finally:
+        settings.S3_ENDPOINT_URL = endpoint
+        relay.close()
+    assert [line.split(" ")[1] for line in relay.dropped] == ["200"]  # stored, answer lost
+    archive = Archive.objects.get(run_id=run.id)
+    assert archive.status == "archived" and archive.object_key not in (own, None)
+    assert archive.object_key.startswith(prefix)
+    assert objects_of(run.id) == [archive.object_key]  # the attempt's object swept
     assert without_archive(services.archive_restore(tenant=in_acme, run_id=run.id)) == live
 
 
