@@ -14,19 +14,15 @@ that index the primary key (`USING INDEX`, no scan). An empty table (a new tenan
 its index in that transaction instead. Django 5.2 does not migrate an existing
 primary key to a `CompositePrimaryKey`, hence SQL with the state alongside."""
 
-import time
+from django.db import migrations, models
 
-from django.db import OperationalError, migrations, models, transaction
-
-from agentplatform.online_index import concurrently, index_valid, table_empty
+from agentplatform.online_ddl import briefly_locked, concurrently, index_valid, table_empty
 
 # table, its natural key, the unique constraint that stood for it
 KEYS = [
     ("runs_checkpoint", "run_id, visit", "checkpoint_run_visit_unique"),
     ("runs_logentry", "run_id, log, index", "log_entry_unique"),
 ]
-LOCK_TIMEOUT, ATTEMPTS = "3s", 20
-LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
 
 
 def _index_concurrently(connection, cursor, schema: str, name: str, table: str,
@@ -54,20 +50,12 @@ def _indexed(connection, schema: str, name: str, table: str, columns: str) -> li
 
 
 def _swap(connection, statements: list[str]) -> None:
-    """`statements` in one transaction that waits at most LOCK_TIMEOUT for the table's lock
-    (behind a long transaction, queued writers would wait on the migration), retried."""
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                for statement in statements:
-                    cursor.execute(statement)
-            return
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE \
-                    or attempt == ATTEMPTS:
-                raise
-            time.sleep(min(attempt, 5))
+    """`statements` in one short transaction, bounded by `lock_timeout` and retried."""
+    def run(cursor):
+        for statement in statements:
+            cursor.execute(statement)
+
+    briefly_locked(connection, run)
 
 
 def _swapped(cursor, schema: str, table: str, unique: str) -> bool:

@@ -13,14 +13,12 @@ same rows, and its prepared statements are planned again. Backward adds the keys
 then validates each one not valid yet (a scan that locks out no writer), so a run interrupted
 between the two finishes the next time."""
 
-import time
+from django.db import migrations, models
 
-from django.db import OperationalError, migrations, models, transaction
+from agentplatform.online_ddl import briefly_locked
 
 TABLES = ("runs_checkpoint", "runs_logentry")
 RUNS = "runs_run"
-LOCK_TIMEOUT, ATTEMPTS = "3s", 20
-RETRIED = {"55P03", "40P01"}  # lock_timeout expired; deadlock
 
 
 def _keys(cursor, schema: str, table: str) -> dict[str, bool]:
@@ -32,23 +30,15 @@ def _keys(cursor, schema: str, table: str) -> dict[str, bool]:
 
 
 def _locked(connection, schema: str, statements) -> None:
-    """`statements(cursor)` in a transaction that first locks the run table, then the history
-    tables, waiting at most LOCK_TIMEOUT; retried."""
+    """`statements(cursor)` in a short transaction (`briefly_locked`) that first locks the run
+    table, then the history tables: the order the writers take them in."""
     tables = ", ".join(f'"{schema}".{table}' for table in (RUNS, *TABLES))
-    own = not connection.in_atomic_block
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                if own:  # SET LOCAL would outlive a savepoint, in the caller's transaction
-                    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                cursor.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE")
-                statements(cursor)
-            return
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) not in RETRIED \
-                    or attempt == ATTEMPTS or not own:
-                raise
-            time.sleep(min(attempt, 5))
+
+    def run(cursor):
+        cursor.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE")
+        statements(cursor)
+
+    briefly_locked(connection, run)
 
 
 def forward(apps, schema_editor) -> None:

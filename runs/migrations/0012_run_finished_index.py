@@ -3,12 +3,12 @@
 where without it each pass sorted every finished run of the tenant.
 
 Built CONCURRENTLY on a table with rows, so the tenant's writers (a run's claim and end update
-its row) are not held for the length of the build (agentplatform/online_index.py). Safe in a
+its row) are not held for the length of the build (agentplatform.online_ddl.py). Safe in a
 rolling deploy: the previous code reads runs as before, and the index only serves it."""
 
 from django.db import migrations, models
 
-from agentplatform.online_index import concurrently, index_build
+from agentplatform.online_ddl import concurrently, index_build
 
 NAME, TABLE = "runs_run_finished_idx", "runs_run"
 

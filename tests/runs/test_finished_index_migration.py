@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from agentplatform.online_index import index_valid
+from agentplatform.online_ddl import index_valid
 from tenants.services import tenant_create, tenant_delete
 from tests.support.runs import finished, other_connection, start, waiting_on_a_lock
 
