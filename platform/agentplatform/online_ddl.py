@@ -7,7 +7,10 @@ A catalog change that needs a table's exclusive lock (a key, a column dropped) i
 short transaction that waits at most LOCK_TIMEOUT for its locks and is retried: queued behind a
 long transaction, it would hold every writer queued behind it. Names are qualified with the
 schema: through a transaction pooler, a statement outside a transaction may reach a server
-connection whose search_path is another tenant's."""
+connection whose search_path is another tenant's.
+
+Migrations 0010-0012 import these: a change here changes what they do, so keep each function's
+effect as it is, or give a migration its own copy."""
 
 import time
 from collections.abc import Callable
@@ -58,14 +61,25 @@ def table_empty(cursor, schema: str, table: str) -> bool:
 def index_build(connection, *, schema: str, table: str, name: str, columns: str,
                 where: str = "") -> None:
     """A valid index `name` on `table (columns)` [WHERE `where`]. Concurrently on a table with
-    rows; at once on an empty one (a new tenant's): a concurrent build waits for every older
-    transaction in the database."""
+    rows (an invalid one, left by an interrupted build, dropped first); at once on an empty one
+    (a new tenant's), where a concurrent build would wait for every older transaction in the
+    database, in a short transaction (`briefly_locked`)."""
     with connection.cursor() as cursor:
         valid = index_valid(cursor, schema, name)
         if valid:
             return
-        how = "" if table_empty(cursor, schema, table) else concurrently(connection)
-        if valid is not None:  # an interrupted concurrent build leaves an invalid index behind
-            cursor.execute(f'DROP INDEX {how} "{schema}".{name}')
-        cursor.execute(f'CREATE INDEX {how} {name} ON "{schema}".{table} ({columns})'
-                       + (f" WHERE {where}" if where else ""))
+        empty = table_empty(cursor, schema, table)
+    how = "" if empty else concurrently(connection)
+    statements = [f'DROP INDEX {how} "{schema}".{name}'] if valid is not None else []
+    statements.append(f'CREATE INDEX {how} {name} ON "{schema}".{table} ({columns})'
+                      + (f" WHERE {where}" if where else ""))
+    if empty:  # in a short transaction: behind a writer's open insert, it waits 3 s and retries
+        briefly_locked(connection, lambda cursor: statements_run(cursor, statements))
+    else:
+        with connection.cursor() as cursor:
+            statements_run(cursor, statements)
+
+
+def statements_run(cursor, statements: list[str]) -> None:
+    for statement in statements:
+        cursor.execute(statement)

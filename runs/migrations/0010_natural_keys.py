@@ -16,7 +16,8 @@ primary key to a `CompositePrimaryKey`, hence SQL with the state alongside."""
 
 from django.db import migrations, models
 
-from agentplatform.online_ddl import briefly_locked, concurrently, index_valid, table_empty
+from agentplatform.online_ddl import (briefly_locked, concurrently, index_valid, statements_run,
+                                      table_empty)
 
 # table, its natural key, the unique constraint that stood for it
 KEYS = [
@@ -51,11 +52,7 @@ def _indexed(connection, schema: str, name: str, table: str, columns: str) -> li
 
 def _swap(connection, statements: list[str]) -> None:
     """`statements` in one short transaction, bounded by `lock_timeout` and retried."""
-    def run(cursor):
-        for statement in statements:
-            cursor.execute(statement)
-
-    briefly_locked(connection, run)
+    briefly_locked(connection, lambda cursor: statements_run(cursor, statements))
 
 
 def _swapped(cursor, schema: str, table: str, unique: str) -> bool:

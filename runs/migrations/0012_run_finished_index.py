@@ -3,7 +3,7 @@
 where without it each pass sorted every finished run of the tenant.
 
 Built CONCURRENTLY on a table with rows, so the tenant's writers (a run's claim and end update
-its row) are not held for the length of the build (agentplatform.online_ddl.py). Safe in a
+its row) are not held for the length of the build (agentplatform.online_ddl). Safe in a
 rolling deploy: the previous code reads runs as before, and the index only serves it."""
 
 from django.db import migrations, models

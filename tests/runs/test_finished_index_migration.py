@@ -84,6 +84,41 @@ def test_on_a_table_with_rows_the_runs_writers_go_on_while_it_is_built(in_fresh_
     assert _valid() is True
 
 
+def test_on_a_live_tenants_empty_table_a_writer_waits_for_the_build_no_more_than_its_timeout(
+        in_fresh_tenant):
+    """A live tenant with no runs yet (or all archived): the index is built at once, in a
+    transaction that gives up its place in the lock queue after 3 s (and retries), so a run's
+    start queued behind it is not held for as long as an open insert before it."""
+    schema = connection.schema_name
+    _migrate(BEFORE)
+    connection.ensure_connection()
+    migrating = connection.connection.info.backend_pid
+    holding, order = threading.Event(), []
+
+    def writers():
+        with other_connection() as holder, holder.transaction():
+            holder.execute(f'LOCK TABLE "{schema}".runs_run IN ROW EXCLUSIVE MODE')  # an open insert
+            holding.set()
+            deadline = time.monotonic() + 20
+            while not waiting_on_a_lock(migrating) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            try:
+                with other_connection() as writer:  # queued behind the build's lock request
+                    writer.execute("SET statement_timeout = '15s'")  # else held until the holder ends
+                    writer.execute(f'UPDATE "{schema}".runs_run SET updated_at = now()')
+                    order.append("writer")
+            finally:
+                order.append("holder")  # ends its transaction: the build's retry goes through
+
+    thread = threading.Thread(target=writers)
+    thread.start()
+    assert holding.wait(20)
+    _migrate(AFTER)
+    thread.join(30)
+    assert order == ["writer", "holder"]
+    assert _valid() is True
+
+
 def test_an_index_an_interrupted_build_left_invalid_is_rebuilt(in_fresh_tenant):
     finished(start("chatter", input={"steps": 1}).id)
     _migrate(BEFORE)
