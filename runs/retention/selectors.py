@@ -121,10 +121,8 @@ def _ttl(agents: list, fallback: RetentionPolicy) -> Coalesce:
     """A run's TTL as SQL: its own override, else its agent's declared TTL, else `fallback`'s."""
     declared = [When(Q(agent=agent.name, agent_version=agent.version),
                      then=Value(agent.retention.ttl)) for agent in agents]
-    return Coalesce("retention_override__ttl",
-                    Case(*declared, default=Value(fallback.ttl),
-                         output_field=models.DurationField()) if declared
-                    else Value(fallback.ttl, output_field=models.DurationField()))
+    return Coalesce("retention_override__ttl", Case(*declared, default=Value(fallback.ttl),
+                                                    output_field=models.DurationField()))
 
 
 def _due(candidates: models.QuerySet, *, fallback: RetentionPolicy,
