@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from agentplatform.online_ddl import index_valid
+from agentplatform.online_ddl import index_valid, table_empty
 from tenants.services import tenant_create, tenant_delete
 from tests.support.runs import finished, other_connection, start, waiting_on_a_lock
 
@@ -84,13 +84,26 @@ def test_on_a_table_with_rows_the_runs_writers_go_on_while_it_is_built(in_fresh_
     assert _valid() is True
 
 
+@pytest.fixture
+def in_empty_tenant(s3):  # its own: the module's tenant has runs once a test above made some
+    tenant = tenant_create(schema_name=f"finidx{uuid.uuid4().hex[:8]}").tenant
+    try:
+        connection.set_tenant(tenant)
+        yield tenant
+    finally:
+        connection.set_schema_to_public()
+        tenant_delete(tenant=tenant)
+
+
 def test_on_a_live_tenants_empty_table_a_writer_waits_for_the_build_no_more_than_its_timeout(
-        in_fresh_tenant):
+        in_empty_tenant):
     """A live tenant with no runs yet (or all archived): the index is built at once, in a
     transaction that gives up its place in the lock queue after 3 s (and retries), so a run's
     start queued behind it is not held for as long as an open insert before it."""
     schema = connection.schema_name
     _migrate(BEFORE)
+    with connection.cursor() as cursor:
+        assert table_empty(cursor, schema, "runs_run")
     connection.ensure_connection()
     migrating = connection.connection.info.backend_pid
     holding, order = threading.Event(), []
