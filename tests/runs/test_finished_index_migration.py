@@ -5,15 +5,14 @@ invalid is rebuilt."""
 
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from agentplatform.online_ddl import index_valid, table_empty
-from tenants.services import tenant_create, tenant_delete
 from tests.support.runs import finished, other_connection, start, waiting_on_a_lock
+from tests.support.tenants import tenant_of_its_own
 
 BEFORE, AFTER = ("runs", "0011_history_held_by_run"), ("runs", "0012_run_finished_index")
 NAME = "runs_run_finished_idx"
@@ -30,12 +29,8 @@ def _valid() -> bool | None:
 
 @pytest.fixture(scope="module")
 def fresh_tenant(django_db_setup, django_db_blocker, s3):
-    with django_db_blocker.unblock():
-        tenant = tenant_create(schema_name=f"finidx{uuid.uuid4().hex[:8]}").tenant
-        connection.set_schema_to_public()
+    with django_db_blocker.unblock(), tenant_of_its_own("finidx") as tenant:
         yield tenant
-        connection.set_schema_to_public()
-        tenant_delete(tenant=tenant)
 
 
 @pytest.fixture
@@ -86,13 +81,9 @@ def test_on_a_table_with_rows_the_runs_writers_go_on_while_it_is_built(in_fresh_
 
 @pytest.fixture
 def in_empty_tenant(s3):  # its own: the module's tenant has runs once a test above made some
-    tenant = tenant_create(schema_name=f"finidx{uuid.uuid4().hex[:8]}").tenant
-    try:
+    with tenant_of_its_own("finidx") as tenant:
         connection.set_tenant(tenant)
         yield tenant
-    finally:
-        connection.set_schema_to_public()
-        tenant_delete(tenant=tenant)
 
 
 def test_on_a_live_tenants_empty_table_a_writer_waits_for_the_build_no_more_than_its_timeout(
@@ -163,13 +154,9 @@ def test_a_new_tenant_is_not_held_by_a_long_transaction_elsewhere(django_db_setu
     thread = threading.Thread(target=long_transaction)
     thread.start()
     assert holding.wait(20)
-    tenant = tenant_create(schema_name=f"finidx{uuid.uuid4().hex[:8]}").tenant
-    created.set()
-    thread.join(40)
-    try:
+    with tenant_of_its_own("finidx") as tenant:
+        created.set()
+        thread.join(40)
         assert gave_up == []
         connection.set_tenant(tenant)
         assert _valid() is True
-    finally:
-        connection.set_schema_to_public()
-        tenant_delete(tenant=tenant)

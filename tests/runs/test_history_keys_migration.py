@@ -14,8 +14,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from runs.models import Checkpoint
-from tenants.services import tenant_create, tenant_delete
 from tests.support.runs import finished, other_connection, start, waiting_on_a_lock
+from tests.support.tenants import tenant_of_its_own
 
 BEFORE, AFTER = ("runs", "0010_natural_keys"), ("runs", "0011_history_held_by_run")
 
@@ -40,12 +40,8 @@ def _orphan_checkpoint() -> None:
 
 @pytest.fixture(scope="module")
 def fresh_tenant(django_db_setup, django_db_blocker, s3):
-    with django_db_blocker.unblock():
-        tenant = tenant_create(schema_name=f"histkeys{uuid.uuid4().hex[:8]}").tenant
-        connection.set_schema_to_public()
+    with django_db_blocker.unblock(), tenant_of_its_own("histkeys") as tenant:
         yield tenant
-        connection.set_schema_to_public()
-        tenant_delete(tenant=tenant)
 
 
 @pytest.fixture

@@ -3,15 +3,14 @@ tenant schema holding runs from before migrates forward with every row kept, and
 worker still on the previous code (which reads `id` and inserts with `RETURNING id`) goes on
 working in between (a rolling deploy); the natural key refuses a second row for one place."""
 
-import uuid
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from runs.models import Checkpoint, LogEntry
-from tenants.services import tenant_create, tenant_delete
 from tests.support.runs import finished, start
+from tests.support.tenants import tenant_of_its_own
 
 BEFORE, AFTER = ("runs", "0009_state_rules"), ("runs", "0010_natural_keys")
 
@@ -39,13 +38,9 @@ def _rows(table: str, columns: str) -> list[tuple]:
 
 @pytest.fixture
 def in_fresh_tenant(s3):  # its own schema, migrated back and forth; deleted after
-    tenant = tenant_create(schema_name=f"natkeys{uuid.uuid4().hex[:8]}").tenant
-    try:
+    with tenant_of_its_own("natkeys") as tenant:
         connection.set_tenant(tenant)
         yield tenant
-    finally:
-        connection.set_schema_to_public()
-        tenant_delete(tenant=tenant)
 
 
 def test_runs_from_before_keep_every_row_through_the_migration_back_and_forth(in_fresh_tenant):
